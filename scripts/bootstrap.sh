@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install what this repository needs on a Debian machine (run as root): system packages and the
+# project virtualenv in .venv. Idempotent: packages already present and an up-to-date venv are kept.
+#   bash scripts/bootstrap.sh         # runtime: demo, playbooks, trainer
+#   bash scripts/bootstrap.sh --dev   # plus test and lint tools
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+
+# openssh-server/iproute2/util-linux: the local test cluster (netns hosts with their own sshd);
+# ffmpeg: synthetic H.264 videos; python3-venv: Debian's interpreter, which the cluster's
+# non-root login user can execute (unlike a Python under /root).
+APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+req_files=("$ROOT/requirements.txt")
+[ "${1:-}" = "--dev" ] && req_files+=("$ROOT/requirements-dev.txt")
+want=$(cat "${req_files[@]}" | sha256sum | cut -d' ' -f1)
+stamp="$VENV/.requirements-${#req_files[@]}.sha256"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing Python requirements into $VENV (torch is large: a few minutes)"
+  /usr/bin/python3 -m venv "$VENV"
+  pip_args=()
+  for f in "${req_files[@]}"; do pip_args+=(-r "$f"); done
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${pip_args[@]}" 2>&1 | grep -v "is ignored: it is neither" || true
+  "$VENV/bin/python" -c "import torch, torchvision, decord, ansible, paramiko, yaml, pydantic" 
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,1 @@
+"""VidCluster's DDP video-classification trainer (GluonCV DDP_CONFIG compatible)."""
