@@ -1,0 +1,92 @@
+"""``python -m trainer COMMAND``: one door to the trainer's tools.
+
+    train            DDP training (= python -m trainer.train)
+    test             multi-view test of a checkpoint (= python -m trainer.test)
+    predict VIDEO    top-k classes of one video (= python -m trainer.predict)
+    check-data       open every video of a config's lists and name the bad ones
+    make-annotations build train/val lists and a class index from a root/<class>/<video> tree
+    make-dataset     write a small labelled synthetic H.264 dataset (motion classes) for demos and tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainer.data import check_dataset, make_synthetic_dataset, write_annotations_from_tree
+
+TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
+
+
+def check_data(argv: Sequence[str]) -> int:
+    from trainer.train import get_args_parser, load_cli_config
+
+    parser = argparse.ArgumentParser(prog="trainer check-data", parents=[get_args_parser(add_help=False)],
+                                     description="decode every video listed by the config's train and val lists")
+    cfg = load_cli_config(parser.parse_args(argv))
+    data = cfg.CONFIG.DATA
+    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH), *check_dataset(data.VAL_ANNO_PATH,
+                                                                                      data.VAL_DATA_PATH)]
+    for path, reason in bad:
+        print(f"BAD {path}: {reason}")
+    print(f"{len(bad)} bad video(s)")
+    return 1 if bad else 0
+
+
+def make_annotations(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trainer make-annotations",
+                                     description="lists + classInd.txt from a root/<class_name>/<video> tree")
+    parser.add_argument("root", type=Path, help="folder with one sub-folder of videos per class")
+    parser.add_argument("--out", type=Path, required=True, help="where to write train.txt, val.txt, classInd.txt")
+    parser.add_argument("--val-fraction", type=float, default=0.2, help="share of each class held out for val")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the per-class split")
+    args = parser.parse_args(argv)
+    result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed)
+    for path, reason in result.skipped:
+        print(f"skipped {path}: {reason}")
+    print(f"{len(result.classes)} classes -> {result.train}, {result.val}, {result.class_index}")
+    return 0
+
+
+def make_dataset(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="trainer make-dataset",
+                                     description="synthetic videos whose classes differ only in motion direction")
+    parser.add_argument("root", type=Path, help="output folder")
+    parser.add_argument("--classes", nargs="+", default=["left", "right"], help="from: left right up down")
+    parser.add_argument("--train-per-class", type=int, default=12, help="training videos per class")
+    parser.add_argument("--val-per-class", type=int, default=6, help="validation videos per class")
+    parser.add_argument("--size", type=int, default=32, help="frame width and height in pixels (even)")
+    parser.add_argument("--frames", type=int, default=16, help="frames per video")
+    parser.add_argument("--seed", type=int, default=0, help="random seed")
+    args = parser.parse_args(argv)
+    if (args.root / "classInd.txt").is_file():
+        print(f"{args.root} already holds a dataset; kept")  # a second demo run reuses it
+        return 0
+    paths = make_synthetic_dataset(args.root, args.classes, (args.train_per_class, args.val_per_class),
+                                   size=args.size, frames=args.frames, seed=args.seed)
+    for key, value in paths.items():
+        print(f"{key}: {value}")
+    return 0
+
+
+COMMANDS = {"check-data": check_data, "make-annotations": make_annotations, "make-dataset": make_dataset}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in {*TOOLS, *COMMANDS}:
+        print(__doc__, file=sys.stderr)
+        return 2
+    command, rest = argv[0], argv[1:]
+    if command in TOOLS:
+        import importlib
+
+        importlib.import_module(TOOLS[command]).main(rest)
+        return 0
+    return COMMANDS[command](rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The loops: train one epoch, evaluate, multi-view test. Nothing else lives here.
+
+Every rank runs every loop; statistics are sums (loss, correct, count) reduced with one all-reduce, so a
+2-process evaluation reports exactly what a 1-process one does (the eval shard does not pad).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.config import Config
+from trainer.distributed import DistContext, all_gather_object, all_reduce_sum
+from trainer.reporting import Reporter, progress
+
+
+@dataclass
+class TrainState:
+    """What the epoch loop mutates: optimizer, schedule, AMP scaler, and the global optimizer step."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    step: int = 0
+    bad_videos: list[tuple[str, str]] = field(default_factory=list)
+
+
+def autocast(ctx: DistContext, amp: str) -> contextlib.AbstractContextManager[Any]:
+    """bf16/fp16 autocast on CUDA; full precision elsewhere (CPU autocast buys nothing for 3D convs here)."""
+    if ctx.device.type != "cuda" or amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    k = min(k, logits.shape[1])
+    top = logits.topk(k, dim=1).indices
+    return (top == labels[:, None]).any(dim=1).sum()
+
+
+def gather_bad(bad: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every rank's skipped videos, deduplicated (a padded sample can be the same bad file twice)."""
+    merged = {tuple(item) for part in all_gather_object(bad) for item in part}
+    return sorted(merged)
+
+
+def _micro_batches(
+    model: nn.Module, loader: Any, accum: int, ctx: DistContext, desc: str
+) -> Iterator[tuple[dict[str, Any], bool, contextlib.AbstractContextManager[Any]]]:
+    """Yield (batch, is_last_micro_batch, grad-sync context): gradients all-reduce only on the last one."""
+    total = len(loader)
+    for i, batch in enumerate(progress(ctx, loader, total, desc)):
+        last = (i + 1) % accum == 0 or i + 1 == total
+        # Per the DDP docs, the forward must run inside no_sync() too, not just the backward.
+        sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
+        yield batch, last, sync
+
+
+def _placeholder_input(cfg: Config, device: torch.device) -> torch.Tensor:
+    data = cfg.CONFIG.DATA
+    return torch.zeros(1, 3, data.CLIP_LEN * data.NUM_SEGMENT, data.CROP_SIZE, data.CROP_SIZE, device=device)
+
+
+def _forward_loss(
+    model: nn.Module, batch: dict[str, Any], criterion: nn.Module, cfg: Config, ctx: DistContext
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Loss of a batch. A batch whose every video was bad still runs a zero-loss forward/backward: DDP needs each
+    rank to take part in every gradient all-reduce, or the others would wait forever."""
+    if len(batch["label"]) == 0:
+        model.eval()  # keep BatchNorm running stats clean of the placeholder
+        loss = model(_placeholder_input(cfg, ctx.device)).sum() * 0.0
+        model.train()
+        return loss, None
+    video = batch["video"].to(ctx.device, non_blocking=True)
+    labels = batch["label"].to(ctx.device, non_blocking=True)
+    with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
+        logits = model(video)
+        return criterion(logits, labels), logits
+
+
+def train_one_epoch(
+    model: nn.Module, loader: Any, state: TrainState, ctx: DistContext, cfg: Config, epoch: int, reporter: Reporter
+) -> dict[str, float]:
+    train = cfg.CONFIG.TRAIN
+    model.train()
+    criterion = nn.CrossEntropyLoss(label_smoothing=train.LABEL_SMOOTHING)
+    stats = torch.zeros(3, device=ctx.device, dtype=torch.float64)  # loss sum, top-1 correct, clips
+    state.optimizer.zero_grad(set_to_none=True)
+    for batch, last, sync in _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}"):
+        state.bad_videos.extend(batch["bad"])
+        with sync:
+            loss, logits = _forward_loss(model, batch, criterion, cfg, ctx)
+            state.scaler.scale(loss / train.ACCUM_STEPS).backward()
+        if last:
+            _optimizer_step(model, state, train.CLIP_GRAD_NORM)
+            reporter.update_status(state="running", step=state.step, lr=state.scheduler.get_last_lr()[0])
+        if logits is not None:
+            n = len(batch["label"])
+            labels = batch["label"].to(ctx.device)
+            stats += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double(),
+                                  torch.tensor(n, device=ctx.device, dtype=torch.float64)])
+    all_reduce_sum(stats)
+    count = max(stats[2].item(), 1.0)
+    return {"train_loss": stats[0].item() / count, "train_top1": 100.0 * stats[1].item() / count}
+
+
+def _optimizer_step(model: nn.Module, state: TrainState, clip_norm: float) -> None:
+    if clip_norm > 0:
+        state.scaler.unscale_(state.optimizer)  # clip true gradients, not fp16-scaled ones
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.scheduler.step()
+    state.step += 1
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str = "val") -> dict[str, Any]:
+    """Loss, top-1 and top-5 over the whole split; ``model`` is the unwrapped module (shards may differ in length,
+    and a DDP forward would then wait on a buffer broadcast that never comes)."""
+    model.eval()
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    stats = torch.zeros(4, device=ctx.device, dtype=torch.float64)  # loss sum, top-1, top-5, clips
+    bad: list[tuple[str, str]] = []
+    for batch in progress(ctx, loader, len(loader), desc):
+        bad.extend(batch["bad"])
+        if len(batch["label"]) == 0:
+            continue
+        labels = batch["label"].to(ctx.device)
+        with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
+            logits = model(batch["video"].to(ctx.device)).float()
+        stats += torch.stack([criterion(logits, labels).double(), topk_correct(logits, labels, 1).double(),
+                              topk_correct(logits, labels, 5).double(),
+                              torch.tensor(len(labels), device=ctx.device, dtype=torch.float64)])
+    all_reduce_sum(stats)
+    count = max(stats[3].item(), 1.0)
+    return {
+        "loss": stats[0].item() / count,
+        "top1": 100.0 * stats[1].item() / count,
+        "top5": 100.0 * stats[2].item() / count,
+        "count": int(stats[3].item()),
+        "bad": gather_bad(bad),
+    }
+
+
+@torch.no_grad()
+def test_multiview(
+    model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, num_videos: int, num_classes: int
+) -> dict[str, Any]:
+    """Average the softmax of every view of each video, wherever its views ran, then score each video once."""
+    model.eval()
+    probs = torch.zeros(num_videos, num_classes, device=ctx.device, dtype=torch.float64)
+    views = torch.zeros(num_videos, device=ctx.device, dtype=torch.float64)
+    label_sum = torch.zeros(num_videos, device=ctx.device, dtype=torch.float64)
+    bad: list[tuple[str, str]] = []
+    for batch in progress(ctx, loader, len(loader), "test"):
+        bad.extend(batch["bad"])
+        if len(batch["label"]) == 0:
+            continue
+        vidx = batch["video_index"].to(ctx.device)
+        with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
+            logits = model(batch["video"].to(ctx.device)).float()
+        probs.index_add_(0, vidx, logits.softmax(dim=1).double())
+        views.index_add_(0, vidx, torch.ones_like(vidx, dtype=torch.float64))
+        label_sum.index_add_(0, vidx, batch["label"].to(ctx.device).double())
+    for tensor in (probs, views, label_sum):
+        all_reduce_sum(tensor)
+    seen = views > 0  # a video all of whose views were bad is not scored
+    labels = (label_sum[seen] / views[seen]).round().long()  # every view carries its video's label
+    scores = probs[seen]
+    count = int(seen.sum().item())
+    return {
+        "top1": 100.0 * topk_correct(scores, labels, 1).item() / max(count, 1),
+        "top5": 100.0 * topk_correct(scores, labels, 5).item() / max(count, 1),
+        "videos": count,
+        "views_per_video": cfg.CONFIG.DATA.TEST_NUM_SEGMENT * cfg.CONFIG.DATA.TEST_NUM_CROP,
+        "bad": gather_bad(bad),
+        "predictions": (scores / views[seen, None]).cpu(),
+        "labels": labels.cpu(),
+    }

@@ -1,0 +1,71 @@
+"""Multi-view test of a trained checkpoint: TEST_NUM_SEGMENT clips x TEST_NUM_CROP crops per video.
+
+    python -m trainer.test --config-file configs/slowfast.yaml [--checkpoint run/checkpoints/best.pth]
+
+Runs on every rank like training (same launcher, same config); the views of each video are merged in memory with
+all-reduces, so no shared filesystem is needed. Rank 0 writes ``test_results.json`` into the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainer import checkpoint
+from trainer.config import Config, run_dir
+from trainer.data import build_dataset, build_loader
+from trainer.distributed import DistContext, add_launcher_args, launch
+from trainer.engine import test_multiview
+from trainer.models import build_model
+from trainer.reporting import setup_logging
+from trainer.train import load_cli_config
+
+log = logging.getLogger("trainer")
+
+
+def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
+    """One test process: load the checkpoint, score every view of its shard, merge views across ranks."""
+    out = run_dir(cfg)
+    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME)
+    data = cfg.CONFIG.DATA
+    model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=data.NUM_CLASSES)
+    path = ckpt or checkpoint.find_eval_checkpoint(out / cfg.CONFIG.LOG.SAVE_DIR)
+    checkpoint.load_model_weights(model, path)
+    model.to(ctx.device)
+    dataset = build_dataset(cfg, "test")
+    num_views = data.TEST_NUM_SEGMENT * data.TEST_NUM_CROP
+    num_videos = len(dataset) // num_views
+    log.info("testing %s on %d videos x %d views (%d x %d)", path, num_videos, num_views,
+             data.TEST_NUM_SEGMENT, data.TEST_NUM_CROP)
+    result = test_multiview(model, build_loader(dataset, cfg, "test", ctx), ctx, cfg, num_videos, data.NUM_CLASSES)
+    summary = {k: result[k] for k in ("top1", "top5", "videos", "views_per_video")}
+    summary.update(checkpoint=str(path), bad_videos=[list(b) for b in result["bad"]])
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "test_results.json").write_text(json.dumps(summary, indent=1))
+        log.info("test top-1 %.2f%%, top-5 %.2f%% over %d videos", result["top1"], result["top5"], result["videos"])
+    return summary
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="multi-view test of a checkpoint", add_help=add_help)
+    parser.add_argument("--config-file", type=Path, required=True, help="experiment YAML (GluonCV DDP format)")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="checkpoint to test (default: best.pth, else the newest, in the run directory)")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides")
+    add_launcher_args(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = get_args_parser().parse_args(argv)
+    cfg = load_cli_config(args)
+    launch(functools.partial(test_worker, ckpt=args.checkpoint), cfg, local_rank=args.local_rank)
+
+
+if __name__ == "__main__":
+    main()

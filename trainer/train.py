@@ -1,0 +1,246 @@
+"""Train a video classifier with DistributedDataParallel from a GluonCV-style YAML config.
+
+One node (spawns one worker per GPU, or DDP_CONFIG.CPU_WORKERS gloo workers on a CPU node):
+    python -m trainer.train --config-file configs/slowfast.yaml
+
+N nodes, as in the GluonCV tutorial: the same command on every node, each with its own WORLD_RANK (or
+AUTO_RANK_MATCH, which finds it from the node's addresses in WOLRD_URLS); launch-training.yml does this for you:
+    python -m trainer.train --config-file node.yaml
+
+Under torchrun (one process per GPU, ranks from the environment):
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
+        -m trainer.train --config-file configs/slowfast.yaml
+
+Overrides come last as KEY VALUE pairs: ``CONFIG.TRAIN.BATCH_SIZE 16 CONFIG.TRAIN.EPOCH_NUM 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer import checkpoint
+from trainer.config import Config, ConfigError, dump_config, load_config, run_dir
+from trainer.data import build_dataset, build_loader
+from trainer.distributed import DistContext, add_launcher_args, all_gather_object, launch
+from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
+from trainer.models import build_model, load_finetune
+from trainer.reporting import Reporter, setup_logging
+from trainer.solver import build_optimizer, build_scheduler, effective_lr
+
+log = logging.getLogger("trainer")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(cfg: Config, epoch: int, rank: int) -> int:
+    """Randomness of an epoch depends only on (SEED, epoch, rank), so a resumed run replays it exactly."""
+    return cfg.CONFIG.TRAIN.SEED + 1_000_003 * (epoch + 1) + rank
+
+
+def weights_digest(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Run:
+    """Everything an epoch needs, built once by ``train_worker``."""
+
+    ctx: DistContext
+    cfg: Config
+    out: Path
+    model: nn.Module  # what trains: the DDP wrapper when distributed
+    raw_model: nn.Module  # the unwrapped module: evaluated, saved and loaded
+    train_loader: object
+    val_loader: object
+    state: TrainState
+    reporter: Reporter
+
+
+def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
+    """Model by name, optional fine-tuning weights, SyncBN; on ``ctx.device``, not yet wrapped in DDP."""
+    model_cfg = cfg.CONFIG.MODEL
+    model = build_model(model_cfg.NAME, num_classes=cfg.CONFIG.DATA.NUM_CLASSES)
+    if model_cfg.LOAD:
+        report = load_finetune(model, model_cfg.PRETRAINED_PATH)
+        log.info("fine-tuning from %s: %s", model_cfg.PRETRAINED_PATH, report.summary())
+    if cfg.CONFIG.TRAIN.SYNC_BN and ctx.distributed:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model.to(ctx.device)
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
+    if not ctx.distributed:
+        return model
+    find_unused = cfg.CONFIG.TRAIN.FIND_UNUSED_PARAMETERS or getattr(model, "needs_unused_parameters", False)
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused)
+
+
+def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, out: Path) -> None:
+    train, data = cfg.CONFIG.TRAIN, cfg.CONFIG.DATA
+    global_batch = train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS
+    log.info("run dir %s", out)
+    log.info(
+        "world size %d (%d node(s) x %d worker(s), backend %s); batch %d per process -> global batch %d",
+        ctx.world_size, ctx.num_nodes, ctx.local_world_size, ctx.backend, train.BATCH_SIZE, global_batch,
+    )
+    log.info(
+        "model %s, %d classes; clip %d frames x %d segment(s) at %d px; %d optimizer steps per epoch; lr %.4g",
+        cfg.CONFIG.MODEL.NAME, data.NUM_CLASSES, data.CLIP_LEN, data.NUM_SEGMENT, data.CROP_SIZE,
+        steps_per_epoch, lr,
+    )
+
+
+def train_worker(ctx: DistContext, cfg: Config) -> None:
+    """Everything one training process does, from datasets to the final checkpoint."""
+    out = run_dir(cfg)
+    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME)
+    train = cfg.CONFIG.TRAIN
+    seed_everything(train.SEED)
+    ckpt_dir = out / cfg.CONFIG.LOG.SAVE_DIR
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, out / "config.yaml")
+
+    train_loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)
+    val_loader = build_loader(build_dataset(cfg, "val"), cfg, "val", ctx)
+    steps_per_epoch = -(-len(train_loader) // train.ACCUM_STEPS)
+
+    model = build_train_model(cfg, ctx)
+    resume = checkpoint.load_resume_state(ctx, train.RESUME, ckpt_dir)
+    if resume is not None:
+        model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
+    raw_model = model
+    model = wrap_ddp(model, ctx, cfg)
+
+    lr = effective_lr(cfg, train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS)
+    optimizer = build_optimizer(cfg, raw_model, lr)
+    fp16 = ctx.device.type == "cuda" and train.AMP == "fp16"
+    state = TrainState(optimizer, build_scheduler(cfg, optimizer, lr, steps_per_epoch),
+                       torch.amp.GradScaler(ctx.device.type, enabled=fp16))
+    start_epoch, best_top1 = 0, -1.0
+    if resume is not None:
+        state.optimizer.load_state_dict(resume["optimizer"])
+        state.scheduler.load_state_dict(resume["scheduler"])
+        state.scaler.load_state_dict(resume["scaler"])
+        start_epoch, best_top1, state.step = resume["epoch"], resume["best_top1"], resume["step"]
+        log.info("resumed from %s at epoch %d", resume["path"], start_epoch)
+
+    log_startup(cfg, ctx, steps_per_epoch, lr, out)
+    reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM)
+    reporter.update_status(force=True, state="running", epoch=start_epoch, steps_per_epoch=steps_per_epoch)
+    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, state, reporter)
+    try:
+        for epoch in range(start_epoch, train.EPOCH_NUM):
+            best_top1 = run_epoch(run, epoch, best_top1)
+        finish(raw_model, ctx, out, reporter)
+    except BaseException as exc:
+        reporter.close("failed", f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
+    """Train one epoch, validate when due, log, checkpoint. Returns the best validation top-1 so far."""
+    ctx, cfg, state = run.ctx, run.cfg, run.state
+    train, log_cfg = cfg.CONFIG.TRAIN, cfg.CONFIG.LOG
+    seed_everything(epoch_seed(cfg, epoch, ctx.rank))
+    sampler = getattr(run.train_loader, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    state.bad_videos.clear()
+    metrics: dict[str, object] = {"lr": state.scheduler.get_last_lr()[0]}
+    metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter))
+    done = epoch + 1
+    is_best = False
+    if done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM:
+        val = evaluate(run.raw_model, run.val_loader, ctx, cfg)
+        metrics.update({f"val_{k}": v for k, v in val.items() if k != "bad"})
+        is_best = val["top1"] > best_top1
+        best_top1 = max(best_top1, val["top1"])
+        state.bad_videos.extend(val["bad"])
+    bad = _report_bad(state.bad_videos)
+    metrics["bad_videos"] = len(bad)
+    log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
+             " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
+    run.reporter.epoch_end(done, metrics)
+    if ctx.is_main and (done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM or is_best):
+        ckpt = {
+            "model": run.raw_model.state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict(),
+            "scaler": state.scaler.state_dict(),
+            "epoch": done,
+            "step": state.step,
+            "best_top1": best_top1,
+            "rng": checkpoint.rng_states(),
+            "config": (run.out / "config.yaml").read_text(),
+            "metrics": metrics,
+        }
+        path = checkpoint.save_checkpoint(ckpt, run.out / log_cfg.SAVE_DIR, done, is_best, train.KEEP_LAST)
+        log.info("saved %s%s", path, " (best)" if is_best else "")
+    return best_top1
+
+
+def _report_bad(bad: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    merged = gather_bad(bad)
+    for path, reason in merged:
+        log.warning("skipped bad video %s: %s", path, reason)
+    return merged
+
+
+def finish(raw_model: nn.Module, ctx: DistContext, out: Path, reporter: Reporter) -> None:
+    """Check every rank holds the same weights (written by rank 0), then close the run as finished."""
+    digests = all_gather_object(weights_digest(raw_model))
+    if ctx.is_main:
+        identical = len(set(digests)) == 1
+        (out / "weights_digest.json").write_text(
+            json.dumps({"world_size": ctx.world_size, "digests": digests, "identical": identical}, indent=1)
+        )
+        log.info("final weights identical on all %d ranks: %s", ctx.world_size, identical)
+    reporter.close("finished")
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="DDP video-classification training", add_help=add_help)
+    parser.add_argument("--config-file", type=Path, required=True, help="experiment YAML (GluonCV DDP format)")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides")
+    add_launcher_args(parser)
+    return parser
+
+
+def load_cli_config(args: argparse.Namespace) -> Config:
+    try:
+        return load_config(args.config_file, args.opts)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = get_args_parser().parse_args(argv)
+    launch(train_worker, load_cli_config(args), local_rank=args.local_rank)
+
+
+if __name__ == "__main__":
+    main()
