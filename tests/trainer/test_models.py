@@ -1,0 +1,224 @@
+"""Model registry, architectures (parameter counts against published figures), forward shapes, fine-tuning."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torchvision.models import video
+
+from trainer.models import FinetuneReport, build_model, list_models, load_finetune, registry
+from trainer.models.blocks import Bottleneck
+
+torch.set_num_threads(1)
+
+TINY_MODELS = ["slowfast_tiny", "i3d_tiny", "slow_tiny", "r2plus1d_tiny"]
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# Kinetics-400 heads. SlowFast 8x8 is GluonCV's published 34.57M. mmaction2's metafile gives 34,479,288 for
+# SlowFast R50 4x16; its laterals have no BN, PySlowFast/GluonCV's have one (2 x (16+64+128+256) = 928 more).
+# I3D R50 (GluonCV i3d_resnet50_v1 inflation, 28.04M) and Slow R50 (32.45M) are counted from the same layouts.
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("slowfast_4x16_resnet50_kinetics400", 34_479_288 + 928),
+        ("slowfast_8x8_resnet50_kinetics400", 34_566_488),
+        ("i3d_resnet50_v1_kinetics400", 28_043_472),
+        ("i3d_slow_resnet50_f8s8_kinetics400", 32_454_096),
+    ],
+)
+def test_r50_parameter_counts_match_published_layouts(name: str, expected: int) -> None:
+    assert num_params(build_model(name, 400)) == expected
+
+
+def test_slowfast_8x8_is_the_published_34_57m() -> None:
+    assert abs(num_params(build_model("slowfast_8x8_resnet50", 400)) / 1e6 - 34.57) < 0.01
+
+
+def test_r2plus1d_18_matches_torchvision_reference() -> None:
+    # GluonCV's r2plus1d_v1 is torchvision's layout; the two must agree parameter for parameter.
+    ours = build_model("r2plus1d_v1_resnet18_kinetics400", 400)
+    reference = video.r2plus1d_18(weights=None, num_classes=400)
+    assert num_params(ours) == num_params(reference) == 31_505_325
+
+
+def test_slowfast_4x16_full_model_forward_at_tiny_resolution() -> None:
+    model = build_model("slowfast_4x16_resnet50", 7).eval()
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 32, 32, 32))
+    assert out.shape == (1, 7)
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+@pytest.mark.parametrize("clip", [(8, 32, 32), (16, 48, 48)])
+def test_tiny_models_forward_and_backward(name: str, clip: tuple[int, int, int]) -> None:
+    model = build_model(name, 5)
+    assert 10_000 < num_params(model) < 100_000
+    out = model(torch.randn(2, 3, *clip))
+    assert out.shape == (2, 5)
+    out.sum().backward()
+    # Every parameter takes part, so DDP can run without find_unused_parameters.
+    assert all(p.grad is not None for p in model.parameters())
+    assert model.needs_unused_parameters is False
+
+
+def test_slowfast_slow_pathway_sees_every_alpha_th_frame() -> None:
+    model = build_model("slowfast_tiny", 3).eval()
+    seen: list[torch.Tensor] = []
+    model.slow_stem.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+    clip = torch.randn(1, 3, 16, 32, 32)
+    with torch.no_grad():
+        model(clip)
+    assert torch.equal(seen[0], clip[:, :, :: model.alpha])
+
+
+def test_init_zeroes_final_bn_and_uses_small_head() -> None:
+    model = build_model("i3d_tiny", 10)
+    blocks = [m for m in model.modules() if isinstance(m, Bottleneck)]
+    assert len(blocks) == 4
+    for block in blocks:
+        assert torch.count_nonzero(block.bn_c.weight) == 0
+        assert torch.all(block.bn_a.weight == 1)
+    assert model.head.fc.weight.std() < 0.05
+    assert torch.count_nonzero(model.head.fc.bias) == 0
+
+
+@pytest.mark.parametrize("name", ["r3d_18", "mc3_18", "r2plus1d_18"])
+def test_torchvision_resnets_forward(name: str) -> None:
+    model = build_model(name, 6).eval()
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 8, 32, 32))
+    assert out.shape == (1, 6)
+
+
+@pytest.mark.parametrize(
+    ("name", "head"),
+    [
+        ("s3d", lambda m: m.classifier[1].out_channels),
+        ("mvit_v1_b", lambda m: m.head[1].out_features),
+        ("mvit_v2_s", lambda m: m.head[1].out_features),
+        ("swin3d_t", lambda m: m.head.out_features),
+        ("swin3d_s", lambda m: m.head.out_features),
+        ("swin3d_b", lambda m: m.head.out_features),
+    ],
+)
+def test_torchvision_large_models_build_with_requested_head(name: str, head) -> None:
+    # Only construction: a forward needs 16x224x224 (MViT) or is slow on CPU.
+    assert head(build_model(f"torchvision_{name}", 6)) == 6
+
+
+def test_gluoncv_names_and_tiny_variants_are_registered() -> None:
+    names = set(list_models())
+    assert {
+        "slowfast_4x16_resnet50_kinetics400",
+        "slowfast_8x8_resnet50_kinetics400",
+        "i3d_resnet50_v1_kinetics400",
+        "i3d_slow_resnet50_f8s8_kinetics400",
+        "r2plus1d_v1_resnet50_kinetics400",
+        "r2plus1d_v1_resnet34_kinetics400",
+        *TINY_MODELS,
+    } <= names
+    assert build_model("SlowFast_Tiny", 2)(torch.randn(1, 3, 8, 32, 32)).shape == (1, 2)
+
+
+def test_unknown_model_names_it_and_the_nearest() -> None:
+    with pytest.raises(ValueError, match=r"unknown model 'slowfast_4x16_resnet5'.*slowfast_4x16_resnet50"):
+        build_model("slowfast_4x16_resnet5", 10)
+
+
+def test_num_classes_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="num_classes"):
+        build_model("i3d_tiny", 0)
+
+
+def test_duplicate_registration_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_model("i3d_tiny")(lambda num_classes: nn.Linear(1, num_classes))
+
+
+def test_a_new_model_file_with_a_decorator_is_buildable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    source = tmp_path / "my_model.py"
+    source.write_text(
+        "from torch import nn\n"
+        "from trainer.models import register_model\n\n"
+        "@register_model('my_pool_linear', 'my_alias')\n"
+        "def build(num_classes: int, width: int = 3) -> nn.Module:\n"
+        "    return nn.Sequential(nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(width, num_classes))\n"
+    )
+    spec = importlib.util.spec_from_file_location("my_model", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "my_model", module)
+    spec.loader.exec_module(module)
+
+    assert {"my_pool_linear", "my_alias"} <= set(list_models())
+    model = build_model("my_alias", 4)
+    assert model(torch.randn(2, 3, 4, 8, 8)).shape == (2, 4)
+    assert model.needs_unused_parameters is False
+
+
+def _assert_all_but_head_equal(source: nn.Module, target: nn.Module, report: FinetuneReport) -> None:
+    src, dst = source.state_dict(), target.state_dict()
+    for name, tensor in dst.items():
+        if name.startswith("head.fc."):
+            assert name in report.not_in_checkpoint
+        else:
+            assert torch.equal(tensor, src[name]), name
+            assert name in report.loaded
+
+
+def test_finetune_reuses_everything_but_a_head_of_another_size(tmp_path: Path) -> None:
+    trained = build_model("slowfast_tiny", 5)
+    with torch.no_grad():
+        for tensor in trained.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.uniform_(-1, 1)  # distinguishable from any fresh initialisation
+    path = tmp_path / "best.pth"
+    torch.save({"model": trained.state_dict(), "epoch": 3, "config": "CONFIG: {}"}, path)
+
+    model = build_model("slowfast_tiny", 3)
+    fresh_head = model.head.fc.weight.detach().clone()
+    report = load_finetune(model, path)
+
+    features = model.head.fc.in_features
+    assert report.skipped == {
+        "head.fc.weight": f"shape (5, {features}) vs (3, {features})",
+        "head.fc.bias": "shape (5,) vs (3,)",
+    }
+    assert torch.equal(model.head.fc.weight, fresh_head)
+    _assert_all_but_head_equal(trained, model, report)
+    assert f"skipped head.fc.weight: shape (5, {features}) vs (3, {features})" in report.summary()
+
+
+@pytest.mark.parametrize("wrap", ["raw", "state_dict", "model_state"])
+def test_finetune_accepts_other_checkpoint_layouts_and_ddp_prefixes(tmp_path: Path, wrap: str) -> None:
+    trained = build_model("i3d_tiny", 4)
+    state = {f"module.{name}": tensor for name, tensor in trained.state_dict().items()}
+    state["module.extra.weight"] = torch.zeros(2)
+    path = tmp_path / "ckpt.pth"
+    torch.save(state if wrap == "raw" else {wrap: state, "optimizer": {}}, path)
+
+    model = build_model("i3d_tiny", 4)
+    report = load_finetune(model, path)
+
+    assert report.skipped == {"extra.weight": "missing in model"}
+    assert report.not_in_checkpoint == []
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, trained.state_dict()[name]), name
+
+
+def test_finetune_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.pth"):
+        load_finetune(build_model("i3d_tiny", 2), tmp_path / "nope.pth")

@@ -1,0 +1,16 @@
+"""Video models: a name registry, the model files that fill it, and fine-tune loading.
+
+Every module in this package is imported here, so a new model is one new ``.py`` file whose builder carries
+``@register_model("name", "alias", ...)``; nothing else needs editing.
+"""
+
+import importlib
+import pkgutil
+
+from .finetune import FinetuneReport, load_finetune
+from .registry import build_model, list_models, register_model
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["FinetuneReport", "build_model", "list_models", "load_finetune", "register_model"]
