@@ -1,0 +1,170 @@
+"""Annotation lists: GluonCV (`path num_frames label`) and PySlowFast (`path label`), space or comma
+separated.
+
+Paths are relative to a data root (absolute paths are used as they are). Blank lines and `#` comments are
+skipped. `write_annotations_from_tree` builds train/val lists and a class index from a
+`root/<class_name>/<video>` tree.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg"})
+
+
+class AnnotationError(ValueError):
+    """A malformed annotation or class-index file; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class VideoRecord:
+    """One annotated video: resolved path, integer label, frame count when the list gives one."""
+
+    path: str
+    label: int
+    num_frames: int | None = None
+
+
+@dataclass(frozen=True)
+class TreeAnnotations:
+    """What `write_annotations_from_tree` wrote, plus the videos it left out (unreadable) and why."""
+
+    train: Path
+    val: Path
+    class_index: Path
+    classes: list[str]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _split_fields(line: str) -> list[str]:
+    # A comma anywhere means a CSV-style line (PySlowFast allows both); otherwise any whitespace separates.
+    if "," in line:
+        return [part.strip() for part in line.split(",")]
+    return line.split()
+
+
+def _parse_int(text: str, what: str, where: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise AnnotationError(f"{where}: {what} must be an integer, got {text!r}") from None
+    if value < 0:
+        raise AnnotationError(f"{where}: {what} must be >= 0, got {value}")
+    return value
+
+
+def parse_annotation_line(line: str, data_root: str | Path, where: str) -> VideoRecord:
+    """Parse one non-blank line; `where` ("file:line") prefixes every error message."""
+    fields = _split_fields(line)
+    if len(fields) not in (2, 3) or not fields[0]:
+        raise AnnotationError(
+            f"{where}: expected 'path label' or 'path num_frames label' (space or comma separated), "
+            f"got {line!r}"
+        )
+    num_frames = _parse_int(fields[1], "num_frames", where) if len(fields) == 3 else None
+    label = _parse_int(fields[-1], "label", where)
+    return VideoRecord(path=str(Path(data_root) / fields[0]), label=label, num_frames=num_frames)
+
+
+def read_annotations(
+    anno_path: str | Path, data_root: str | Path, num_classes: int | None = None
+) -> list[VideoRecord]:
+    """Read a GluonCV or PySlowFast list; with `num_classes`, labels outside [0, num_classes) are errors."""
+    anno_path = Path(anno_path)
+    if not anno_path.is_file():
+        raise AnnotationError(f"{anno_path}: annotation file not found")
+    records = []
+    for lineno, raw in enumerate(anno_path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{anno_path}:{lineno}"
+        record = parse_annotation_line(line, data_root, where)
+        if num_classes is not None and record.label >= num_classes:
+            raise AnnotationError(f"{where}: label {record.label} out of range for NUM_CLASSES={num_classes}")
+        records.append(record)
+    if not records:
+        raise AnnotationError(f"{anno_path}: no videos listed")
+    return records
+
+
+def read_class_index(path: str | Path) -> list[str]:
+    """Class names in label order: one name per line, or UCF101-style `index name` lines (0- or 1-based).
+
+    A file is read as indexed only when every line starts with an integer, so names with spaces (Kinetics)
+    work in the plain form.
+    """
+    lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    split = [line.split(maxsplit=1) for line in lines]
+    if split and all(len(parts) == 2 and parts[0].isdigit() for parts in split):
+        return [name for _, name in sorted((int(index), name) for index, name in split)]
+    return lines
+
+
+def write_class_index(path: str | Path, classes: list[str]) -> None:
+    """One class name per line; the line number (from 0) is the label used in the annotation lists."""
+    Path(path).write_text("".join(f"{name}\n" for name in classes))
+
+
+def count_frames(path: str | Path) -> int:
+    """Number of frames decord reports for a video (raises if it cannot be opened)."""
+    from decord import VideoReader  # imported here so parsing lists never needs the decoder
+
+    return len(VideoReader(str(path), num_threads=1))
+
+
+def _list_tree(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise AnnotationError(f"{root}: no class folders (expected {root}/<class_name>/<video>)")
+    videos = [
+        (video, label)
+        for label, name in enumerate(classes)
+        for video in sorted((root / name).iterdir())
+        if video.suffix.lower() in VIDEO_EXTENSIONS
+    ]
+    return classes, videos
+
+
+def write_annotations_from_tree(
+    root: str | Path, out_dir: str | Path, val_fraction: float = 0.2, seed: int = 0
+) -> TreeAnnotations:
+    """Write GluonCV `train.txt`/`val.txt` (paths relative to `root`) and `classInd.txt` into `out_dir`.
+
+    Labels follow the sorted class folder names. Each class is split on its own (seeded shuffle) so both
+    lists keep every class; frame counts come from decord, and videos it cannot open are left out and
+    returned in `skipped`.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    root, out_dir = Path(root), Path(out_dir)
+    classes, videos = _list_tree(root)
+    rng = random.Random(seed)
+    lines: dict[str, list[str]] = {"train": [], "val": []}
+    skipped: list[tuple[str, str]] = []
+    for label in range(len(classes)):
+        members = [video for video, lab in videos if lab == label]
+        rng.shuffle(members)
+        num_val = round(len(members) * val_fraction)
+        for i, video in enumerate(members):
+            try:
+                frames = count_frames(video)
+            except Exception as exc:  # decord raises several unrelated types for bad files
+                skipped.append((str(video), f"cannot open: {exc}".splitlines()[0]))
+                continue
+            split = "val" if i < num_val else "train"
+            lines[split].append(f"{video.relative_to(root).as_posix()} {frames} {label}\n")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, entries in lines.items():
+        (out_dir / f"{split}.txt").write_text("".join(sorted(entries)))
+    write_class_index(out_dir / "classInd.txt", classes)
+    return TreeAnnotations(
+        train=out_dir / "train.txt",
+        val=out_dir / "val.txt",
+        class_index=out_dir / "classInd.txt",
+        classes=classes,
+        skipped=skipped,
+    )

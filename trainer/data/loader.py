@@ -1,0 +1,105 @@
+"""DataLoaders: a seeded distributed sampler for training, an exact shard for evaluation, a collate that drops
+bad videos and reports them.
+
+Training always uses a DistributedSampler (with one replica when not distributed), so the order of an epoch is
+a function of (TRAIN.SEED, epoch) alone; call `loader.sampler.set_epoch(epoch)` before each epoch. Evaluation
+gives rank r the items r, r + world, r + 2 * world, ...: every sample is evaluated exactly once, with no
+padding duplicates (DistributedSampler pads), at the cost of shards that may differ in length by one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+from trainer.data.dataset import Split, VideoClipDataset
+
+if TYPE_CHECKING:
+    from trainer.config import Config
+    from trainer.distributed import DistContext
+
+
+class EpochDistributedSampler(DistributedSampler):
+    """DistributedSampler that yields (index, epoch), so the dataset can key its augmentation by epoch inside
+    persistent workers, which never see `set_epoch` calls made in the main process."""
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
+        return ((index, self.epoch) for index in super().__iter__())
+
+
+class ShardSampler(Sampler[int]):
+    """Indices rank, rank + world_size, ... of a dataset: an exact, non-padding shard."""
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        self.indices = range(rank, length, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Stack good items; bad ones only add (path, reason) to 'bad'. An all-bad batch has 0-length tensors."""
+    good = [item for item in items if "bad" not in item]
+    batch: dict[str, Any] = {
+        "video": torch.stack([item["video"] for item in good]) if good else torch.empty(0),
+        "label": torch.tensor([item["label"] for item in good], dtype=torch.long),
+        "index": torch.tensor([item["index"] for item in good], dtype=torch.long),
+        "bad": [item["bad"] for item in items if "bad" in item],
+    }
+    if any("video_index" in item for item in items):
+        batch["video_index"] = torch.tensor([item["video_index"] for item in good], dtype=torch.long)
+    return batch
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed numpy, random and torch in a worker from its torch seed (loader generator's base seed + id)."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)  # workers run side by side; one thread each avoids oversubscribing the cores
+
+
+def _rank_and_world(ctx: DistContext | None) -> tuple[int, int]:
+    if ctx is None or not ctx.distributed:
+        return 0, 1
+    return ctx.rank, ctx.world_size
+
+
+def build_loader(
+    dataset: VideoClipDataset, cfg: Config, split: Split, ctx: DistContext | None = None
+) -> DataLoader:
+    """DataLoader of a split for this process; BATCH_SIZE is per process (TRAIN for train, VAL for val/test).
+
+    `ctx` is None or has .distributed, .rank and .world_size (trainer.distributed.DistContext).
+    """
+    rank, world = _rank_and_world(ctx)
+    seed = cfg.CONFIG.TRAIN.SEED
+    sampler: Sampler[Any]
+    if split == "train":
+        sampler = EpochDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        batch_size = cfg.CONFIG.TRAIN.BATCH_SIZE
+    else:
+        sampler = ShardSampler(len(dataset), rank, world)
+        batch_size = cfg.CONFIG.VAL.BATCH_SIZE
+    workers = cfg.CONFIG.DATA.NUM_WORKERS
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_clips,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(seed + rank),
+        persistent_workers=workers > 0,
+        pin_memory=torch.cuda.is_available(),
+    )
