@@ -1,0 +1,159 @@
+"""Local test clusters for the cluster tests (and anyone else's): real network-namespace hosts with their
+own sshd, built and torn down by playbooks/local-cluster.yml. Needs root."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = REPO / ".venv" / "bin"
+STATE_ROOT = REPO / ".local-cluster"
+CLUSTER_PLAYBOOK = REPO / "playbooks" / "local-cluster.yml"
+USER = "vctrain"
+_RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def run_playbook(path: str | Path, *args: str, inventory: Path | None = None, check: bool = True,
+                 timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run ansible-playbook from the repo root with the venv's tools; on failure (check=True) fail the
+    test with the tail of the output."""
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1"}
+    cmd = [str(VENV_BIN / "ansible-playbook")]
+    if inventory is not None:
+        cmd += ["-i", str(inventory)]
+    cmd += [str(path), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def recap(stdout: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP counters per host: {'node0': {'ok': 3, 'changed': 0, 'unreachable': 0, 'failed': 0}}."""
+    return {m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}
+            for m in _RECAP.finditer(stdout)}
+
+
+def changed_total(stdout: str) -> int:
+    return sum(host["changed"] for host in recap(stdout).values())
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    name: str
+    ip: str
+    netns: str
+    dir: Path  # controller-side node directory: home/, ssh/ (the node's /etc/ssh), sshd.pid, sshd.log
+
+    @property
+    def home(self) -> Path:
+        return self.dir / "home"
+
+    @property
+    def sshd_pid(self) -> int:
+        return int((self.dir / "sshd.pid").read_text().strip())
+
+
+@dataclass
+class LocalCluster:
+    name: str
+    state_dir: Path
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def inventory(self) -> Path:
+        return self.state_dir / "inventory.yml"
+
+    @property
+    def key(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    def playbook(self, path: str | Path, *extra_args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run_playbook(path, *extra_args, inventory=self.inventory, check=check)
+
+    def ssh(self, node: Node, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a command on a node as the login user, over ssh from the controller with verified host keys."""
+        cmd = ["ssh", "-i", str(self.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+               "-o", f"UserKnownHostsFile={self.state_dir / 'known_hosts'}", "-o", "ConnectTimeout=10",
+               f"{USER}@{node.ip}", command]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=check)
+
+    def create(self, nodes: int) -> subprocess.CompletedProcess[str]:
+        proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}")
+        hosts = _inventory_hosts(self.inventory)
+        self.nodes = [Node(index=h["node_rank"], name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
+                           dir=self.state_dir / "nodes" / str(i))
+                      for i, (name, h) in enumerate(hosts.items())]
+        return proc
+
+    def destroy(self) -> None:
+        """state=absent, then delete by name whatever is still there (processes, namespaces, links, state)."""
+        run_playbook(CLUSTER_PLAYBOOK, "-e", f"cluster_name={self.name}", "-e", "state=absent", check=False)
+        force_delete(self.name)
+
+
+def _inventory_hosts(inventory: Path) -> dict[str, dict]:
+    out = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(inventory), "--list"],
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    data = json.loads(out.stdout)
+    hostvars = data["_meta"]["hostvars"]
+    return {name: hostvars[name] for name in data["trainers"]["hosts"]}
+
+
+def netns_names(cluster_name: str) -> list[str]:
+    out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [ns["name"] for ns in json.loads(out or "[]") if re.fullmatch(rf"vc-{cluster_name}-\d+", ns["name"])]
+
+
+def link_names(cluster_name: str) -> list[str]:
+    out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, check=True).stdout
+    return [link["ifname"] for link in json.loads(out)
+            if re.fullmatch(rf"vcv-{cluster_name}-\d+|vcbr-{cluster_name}", link["ifname"])]
+
+
+def force_delete(cluster_name: str) -> None:
+    """Last-resort cleanup by name, for when the playbook itself could not run."""
+    for ns in netns_names(cluster_name):
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+    for link in link_names(cluster_name):
+        subprocess.run(["ip", "link", "delete", link], capture_output=True)
+    shutil.rmtree(STATE_ROOT / cluster_name, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[Callable[[int], LocalCluster]]:
+    """Factory: ``local_cluster(nodes)`` builds a cluster with a unique name; every cluster it made is torn
+    down at the end of the session (call ``cluster.destroy()`` earlier to free it sooner)."""
+    if os.geteuid() != 0:
+        pytest.fail("the local test cluster needs root (network namespaces, sshd)")
+    made: list[LocalCluster] = []
+    suffixes = (f"{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in itertools.count())
+
+    def make(nodes: int) -> LocalCluster:
+        name = f"t{os.getpid() % 10000}{next(suffixes)}"
+        cluster = LocalCluster(name=name, state_dir=STATE_ROOT / name)
+        made.append(cluster)
+        cluster.create(nodes)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.destroy()
