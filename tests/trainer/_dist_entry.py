@@ -1,0 +1,60 @@
+"""Entry point for tests/trainer/test_distributed.py: launch() a worker that records what it saw.
+
+Run like the trainer (``python tests/trainer/_dist_entry.py --config-file X.yaml [KEY VALUE ...]``, under torchrun,
+or with ``--local_rank N``). Each worker writes ``rank<global rank>.json`` into the run directory
+(CONFIG.LOG.BASE_PATH with EXP_NAME ''). A worker whose rank is in $VCT_FAIL_RANK raises instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import Config, load_config, run_dir
+from trainer.distributed import DistContext, add_launcher_args, all_gather_object, all_reduce_sum, barrier, launch
+from trainer.distributed import broadcast_object as bcast
+
+
+def record(ctx: DistContext, cfg: Config) -> None:
+    torch.set_num_threads(1)
+    if str(ctx.rank) == os.environ.get("VCT_FAIL_RANK"):
+        raise ValueError(f"worker with rank {ctx.rank} fails on purpose")
+    total = all_reduce_sum(torch.tensor([float(ctx.rank + 1)]))
+    result = {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "local_rank": ctx.local_rank,
+        "local_world_size": ctx.local_world_size,
+        "node_rank": ctx.node_rank,
+        "num_nodes": ctx.num_nodes,
+        "device": str(ctx.device),
+        "distributed": ctx.distributed,
+        "group_initialized": dist.is_initialized(),
+        "sum": total.item(),
+        "gathered": all_gather_object(ctx.rank),
+        "broadcast": bcast(f"from rank {ctx.rank}"),
+        "gpu_world_rank": cfg.DDP_CONFIG.GPU_WORLD_RANK,
+        "gpu_world_size": cfg.DDP_CONFIG.GPU_WORLD_SIZE,
+        "gpu": cfg.DDP_CONFIG.GPU,
+        "world_rank": cfg.DDP_CONFIG.WORLD_RANK,
+        "pid": os.getpid(),
+    }
+    barrier(ctx)
+    (run_dir(cfg) / f"rank{ctx.rank}.json").write_text(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config-file", required=True)
+    add_launcher_args(parser)
+    parser.add_argument("opts", nargs="*", default=[])
+    args = parser.parse_args()
+    launch(record, load_config(args.config_file, args.opts), local_rank=args.local_rank)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""trainer.distributed with real processes: spawned gloo workers, torchrun, the legacy launcher, a rendezvous that
+times out, and AUTO_RANK_MATCH inside a network namespace whose interface has several addresses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from trainer.config import Config, validate_config
+from trainer.distributed import (
+    DistContext,
+    DistributedError,
+    _proc_addresses,
+    add_launcher_args,
+    all_gather_object,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    interface_addresses,
+    launch,
+    local_addresses,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY = REPO / "tests" / "trainer" / "_dist_entry.py"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ddp_cfg(out: Path, **ddp: Any) -> dict[str, Any]:
+    """A gloo config for one node with two CPU workers, writing into ``out``; ``ddp`` overrides DDP_CONFIG keys."""
+    section = {
+        "AUTO_RANK_MATCH": False,
+        "WORLD_SIZE": 1,
+        "WORLD_RANK": 0,
+        "DIST_URL": f"tcp://127.0.0.1:{free_port()}",
+        "WOLRD_URLS": ["127.0.0.1"],
+        "DIST_BACKEND": "gloo",
+        "DISTRIBUTED": True,
+        "CPU_WORKERS": 2,
+        "TIMEOUT_SECONDS": 60,
+    }
+    section.update(ddp)
+    return {"DDP_CONFIG": section, "CONFIG": {"LOG": {"BASE_PATH": str(out), "EXP_NAME": ""}}}
+
+
+def write_cfg(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    # No GPUs, so the CPU_WORKERS rule applies on any test machine; one thread each on the shared cores.
+    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def start(args: list[str], **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=child_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 180) -> list[tuple[int, str]]:
+    results = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        results.append((proc.returncode, err))
+    return results
+
+
+def records(out: Path, world: int) -> list[dict[str, Any]]:
+    found = sorted(out.glob("rank*.json"))
+    assert [p.name for p in found] == [f"rank{r}.json" for r in range(world)]
+    return [json.loads(p.read_text()) for p in found]
+
+
+def assert_world(recs: list[dict[str, Any]], world: int, per_node: int) -> None:
+    for rank, rec in enumerate(recs):
+        assert rec["rank"] == rank and rec["world_size"] == world
+        assert rec["local_world_size"] == per_node and rec["num_nodes"] == world // per_node
+        assert rec["node_rank"] * per_node + rec["local_rank"] == rank
+        assert rec["sum"] == world * (world + 1) / 2  # all_reduce of rank + 1 over every rank
+        assert rec["gathered"] == list(range(world))
+        assert rec["broadcast"] == "from rank 0"
+        assert (rec["gpu_world_rank"], rec["gpu_world_size"], rec["gpu"]) == (rank, world, rec["local_rank"])
+        assert rec["distributed"] and rec["group_initialized"] and rec["device"] == "cpu"
+    assert len({rec["pid"] for rec in recs}) == world
+
+
+def test_two_nodes_rank_is_node_rank_times_workers_plus_local(tmp_path: Path) -> None:
+    # Two nodes on this host, each spawning two gloo workers. GPU_WORLD_SIZE/GPU_WORLD_RANK/GPU in the file are
+    # wrong on purpose: launch computes them.
+    wrong = {"GPU_WORLD_SIZE": 8, "GPU_WORLD_RANK": 5, "GPU": 3}
+    data = ddp_cfg(tmp_path, WORLD_SIZE=2, WOLRD_URLS=["127.0.0.1", "127.0.0.2"], CPU_WORKERS=2, **wrong)
+    cfg = str(write_cfg(tmp_path, data))
+    node0 = start([str(ENTRY), "--config-file", cfg])
+    node1 = start([str(ENTRY), "--config-file", cfg, "DDP_CONFIG.WORLD_RANK", "1"])
+    for rc, err in finish([node0, node1]):
+        assert rc == 0, err
+    recs = records(tmp_path, 4)
+    assert_world(recs, world=4, per_node=2)
+    assert [rec["world_rank"] for rec in recs] == [0, 0, 1, 1]
+
+
+def test_torchrun_environment_decides(tmp_path: Path) -> None:
+    # The file says one node with two workers at another port: torchrun's environment wins.
+    cfg = write_cfg(tmp_path, ddp_cfg(tmp_path, CPU_WORKERS=3))
+    port = free_port()
+    args = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    ((rc, err),) = finish([start([*args, "--master_port", str(port), str(ENTRY), "--config-file", str(cfg)])])
+    assert rc == 0, err
+    assert_world(records(tmp_path, 2), world=2, per_node=2)
+
+
+def test_legacy_torch_distributed_launch(tmp_path: Path) -> None:
+    cfg = write_cfg(tmp_path, ddp_cfg(tmp_path))
+    args = ["-m", "torch.distributed.launch", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    ((rc, err),) = finish([start([*args, str(ENTRY), "--config-file", str(cfg)])])
+    assert rc == 0, err
+    assert_world(records(tmp_path, 2), world=2, per_node=2)
+
+
+def test_local_rank_argument_without_launcher_environment(tmp_path: Path) -> None:
+    cfg = str(write_cfg(tmp_path, ddp_cfg(tmp_path, CPU_WORKERS=2)))
+    procs = [start([str(ENTRY), "--local_rank", "1", "--config-file", cfg])]
+    procs.append(start([str(ENTRY), "--local-rank=0", "--config-file", cfg]))
+    for rc, err in finish(procs):
+        assert rc == 0, err
+    assert_world(records(tmp_path, 2), world=2, per_node=2)
+
+
+def test_launcher_args_accept_both_spellings() -> None:
+    parser = add_launcher_args(argparse.ArgumentParser())
+    assert parser.parse_args(["--local_rank", "3"]).local_rank == 3
+    assert parser.parse_args(["--local-rank=2"]).local_rank == 2
+    assert parser.parse_args([]).local_rank is None
+
+
+def test_failing_worker_fails_launch(tmp_path: Path) -> None:
+    cfg = write_cfg(tmp_path, ddp_cfg(tmp_path, CPU_WORKERS=2))
+    ((rc, err),) = finish([start([str(ENTRY), "--config-file", str(cfg)], VCT_FAIL_RANK="1")])
+    assert rc != 0
+    assert "DistributedError: local worker 1" in err and "worker with rank 1 fails on purpose" in err
+
+
+def _unused(ctx: DistContext, cfg: Config) -> None:
+    raise AssertionError("the worker must not run when the rendezvous fails")
+
+
+@pytest.mark.parametrize("node_rank", [0, 1], ids=["rank0-waits-for-peer", "rank1-finds-no-rank0"])
+def test_rendezvous_timeout_names_the_address(tmp_path: Path, node_rank: int) -> None:
+    # A world of two nodes where only this one starts (in this process: one worker per node, no spawn).
+    port = free_port()
+    data = ddp_cfg(
+        tmp_path,
+        WORLD_SIZE=2,
+        WORLD_RANK=node_rank,
+        WOLRD_URLS=["127.0.0.1", "127.0.0.2"],
+        DIST_URL=f"tcp://127.0.0.1:{port}",
+        CPU_WORKERS=1,
+        TIMEOUT_SECONDS=2,
+    )
+    started = time.monotonic()
+    with pytest.raises(DistributedError, match=f"rendezvous tcp://127.0.0.1:{port} within 2s"):
+        launch(_unused, validate_config(data))
+    assert time.monotonic() - started < 2 + 6
+    assert not dist.is_initialized()
+
+
+def test_not_distributed_runs_in_this_process_without_collectives(tmp_path: Path) -> None:
+    # Inconsistent DDP settings do not matter when DISTRIBUTED is False; the run name is fixed once.
+    data = ddp_cfg(tmp_path, DISTRIBUTED=False, WORLD_SIZE=2, DIST_BACKEND="nccl")
+    data["CONFIG"]["LOG"]["EXP_NAME"] = "use_time"
+    seen: list[tuple[DistContext, Config]] = []
+
+    def worker(ctx: DistContext, cfg: Config) -> None:
+        tensor = torch.tensor([5.0])
+        assert all_reduce_sum(tensor) is tensor and tensor.item() == 5.0
+        assert all_gather_object("x") == ["x"] and broadcast_object("y") == "y"
+        barrier(ctx)
+        seen.append((ctx, cfg))
+
+    launch(worker, validate_config(data))
+    ((ctx, cfg),) = seen
+    assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.distributed, ctx.is_main) == (0, 1, 0, False, True)
+    assert not dist.is_initialized()
+    assert time.strptime(cfg.CONFIG.LOG.EXP_NAME, "%Y-%m-%d-%H-%M-%S")
+
+
+def test_local_addresses_cover_every_interface() -> None:
+    addrs = local_addresses()
+    assert "127.0.0.1" in addrs and "::1" in addrs
+    v4 = {a for a in addrs if ":" not in a}
+    assert {a for _, a in _proc_addresses() if ":" not in a} == v4
+    assert {a for _, a in interface_addresses()} == set(addrs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# AUTO_RANK_MATCH on a host (network namespace) with several addresses on one interface
+
+PROBE = textwrap.dedent(
+    """
+    import json
+    from trainer.config import DDPConfig
+    from trainer.distributed import DistributedError, _proc_addresses, local_addresses, resolve_node_rank
+
+    def rank(urls):
+        ddp = DDPConfig(AUTO_RANK_MATCH=True, WORLD_SIZE=len(urls), WOLRD_URLS=urls, DIST_URL=f"tcp://{urls[0]}:29500")
+        try:
+            return resolve_node_rank(ddp)
+        except DistributedError as exc:
+            return str(exc)
+
+    print(json.dumps({
+        "v4": rank(["10.231.9.9", "10.231.1.7", "10.231.2.2"]),
+        "v6": rank(["10.231.9.9", "fd00:231::7"]),
+        "none": rank(["10.231.9.9", "10.231.9.10"]),
+        "both": rank(["10.231.0.5", "10.231.1.7"]),
+        "addresses": local_addresses(),
+        "proc": [a for _, a in _proc_addresses()],
+    }))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def netns() -> Iterator[str]:
+    name = f"vct-{os.getpid()}"
+    commands = [
+        ["ip", "netns", "add", name],
+        # veth, not dummy: the dummy module may be missing; both ends stay inside the namespace.
+        ["ip", "-n", name, "link", "add", "vct0", "type", "veth", "peer", "name", "vct1"],
+        ["ip", "-n", name, "addr", "add", "10.231.0.5/24", "dev", "vct0"],
+        ["ip", "-n", name, "addr", "add", "10.231.1.7/24", "dev", "vct0"],
+        ["ip", "-n", name, "addr", "add", "fd00:231::7/64", "dev", "vct0", "nodad"],
+        ["ip", "-n", name, "link", "set", "vct0", "up"],
+        ["ip", "-n", name, "link", "set", "vct1", "up"],
+        ["ip", "-n", name, "link", "set", "lo", "up"],
+    ]
+    try:
+        for command in commands:
+            subprocess.run(command, check=True, capture_output=True, text=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def probe(netns: str) -> dict[str, Any]:
+    command = ["ip", "netns", "exec", netns, sys.executable, "-c", PROBE]
+    done = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+def test_auto_rank_match_finds_a_secondary_address(probe: dict[str, Any]) -> None:
+    assert probe["v4"] == 1  # WOLRD_URLS[1] is the interface's second IPv4 address
+    assert probe["v6"] == 1
+    assert {"10.231.0.5", "10.231.1.7", "fd00:231::7", "127.0.0.1"} <= set(probe["addresses"])
+    assert {"10.231.0.5", "10.231.1.7", "127.0.0.1"} == set(probe["proc"]) - {a for a in probe["proc"] if ":" in a}
+
+
+def test_auto_rank_match_errors_list_the_addresses(probe: dict[str, Any]) -> None:
+    message = probe["none"]
+    assert "none of DDP_CONFIG.WOLRD_URLS" in message
+    for addr in ("10.231.9.9", "10.231.9.10", "10.231.0.5 (vct0)", "10.231.1.7 (vct0)", "127.0.0.1 (lo)"):
+        assert addr in message
+    assert "ambiguous" in probe["both"] and "[0, 1]" in probe["both"]
