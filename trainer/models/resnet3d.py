@@ -31,6 +31,7 @@ class ResNet3dSpec:
     stem_temporal_stride: int = 1
     pool1_temporal_stride: int = 1
     pool2: bool = False  # I3D: temporal max-pool (2x1x1) after res2
+    spatial_strides: tuple[int, ...] = (1, 2, 2, 2)  # res2..res5
     dropout: float = 0.5
 
 
@@ -69,7 +70,7 @@ class ResNet3d(nn.Module):
                     inner,
                     inner * 4,
                     temporal_kernels=repeat_pattern(pattern, depth),
-                    spatial_stride=1 if i == 0 else 2,
+                    spatial_stride=spec.spatial_strides[i],
                 )
             )
             if i == 0 and spec.pool2:
@@ -83,8 +84,10 @@ class ResNet3d(nn.Module):
         return self.head(self.stages(self.stem(x)))
 
 
-# Tiny variants keep each layout but use width 4 and one block per stage (a few 10k parameters).
-TINY = {"depths": (1, 1, 1, 1), "width": 4}
+# Tiny variants keep each layout but use width 4 and one block per stage (a few 10k parameters), and stride
+# only in res5: on 32 px clips the full strides leave res5 at 1x1, where BatchNorm over a handful of values per
+# channel makes training noise.
+TINY = {"depths": (1, 1, 1, 1), "width": 4, "spatial_strides": (1, 1, 1, 2)}
 
 
 @register_model("i3d_resnet50", "i3d_resnet50_v1_kinetics400", "i3d_resnet50_v1_custom")

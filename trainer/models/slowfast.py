@@ -31,6 +31,7 @@ class SlowFastSpec:
     width: int = 64
     slow_temporal_kernels: tuple[int, ...] = (1, 1, 1, 3, 3)  # stem, res2..res5
     fast_temporal_kernels: tuple[int, ...] = (5, 3, 3, 3, 3)
+    spatial_strides: tuple[int, ...] = (1, 2, 2, 2)  # res2..res5
     dropout: float = 0.5
 
 
@@ -77,7 +78,7 @@ class SlowFast(nn.Module):
             fusions.append(FastToSlowFusion(fast_out, spec.fusion_ratio, spec.fusion_kernel, spec.alpha))
             slow_in = slow_out + fast_out * spec.fusion_ratio
             inner = spec.width * 2**i
-            stride = 1 if i == 0 else 2
+            stride = spec.spatial_strides[i]
             slow_stages.append(
                 ResStage(slow_in, inner, inner * 4, [spec.slow_temporal_kernels[i + 1]] * depth, stride)
             )
@@ -127,6 +128,12 @@ def slowfast_8x8_resnet50(num_classes: int, dropout: float = 0.5) -> nn.Module:
 def slowfast_tiny(num_classes: int, dropout: float = 0.5) -> nn.Module:
     """SlowFast layout (alpha 4, beta_inv 2) at width 4, one block per stage: for CPU tests."""
     spec = replace(
-        SLOWFAST_8X8_R50, beta_inv=2, depths=(1, 1, 1, 1), width=4, fusion_kernel=5, dropout=dropout
+        SLOWFAST_8X8_R50,
+        beta_inv=2,
+        depths=(1, 1, 1, 1),
+        width=4,
+        fusion_kernel=5,
+        spatial_strides=(1, 1, 1, 2),  # see resnet3d.TINY
+        dropout=dropout,
     )
     return SlowFast(spec, num_classes)
