@@ -407,6 +407,16 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s buffers (BatchNorm running stats) to every rank, in place.
+
+    DDP broadcasts buffers at the start of each forward, so after the last training step every rank still holds the
+    statistics of its own last batch; evaluation and the final weights need rank 0's."""
+    if _active():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=src)
+
+
 def broadcast_object(obj: T, src: int = 0) -> T:
     """Rank ``src``'s ``obj`` on every rank (picklable objects)."""
     if not _active():

@@ -44,7 +44,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--config-file", type=Path, required=True, help="the run's config.yaml (model, views)")
     parser.add_argument("--checkpoint", type=Path, required=True, help="trained checkpoint (.pth)")
     parser.add_argument("--topk", type=int, default=5, help="how many classes to print")
-    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides")
+    parser.set_defaults(opts=[])  # the run's config as it was trained: no overrides
     return parser
 
 

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer import checkpoint
 from trainer.config import Config, ConfigError, dump_config, load_config, run_dir
 from trainer.data import build_dataset, build_loader
-from trainer.distributed import DistContext, add_launcher_args, all_gather_object, launch
+from trainer.distributed import DistContext, add_launcher_args, all_gather_object, broadcast_buffers, launch
 from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.models import build_model, load_finetune
 from trainer.reporting import Reporter, setup_logging
@@ -171,6 +171,7 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     state.bad_videos.clear()
     metrics: dict[str, object] = {"lr": state.scheduler.get_last_lr()[0]}
     metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter))
+    broadcast_buffers(run.raw_model)
     done = epoch + 1
     is_best = False
     if done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM:
