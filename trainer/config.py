@@ -61,6 +61,14 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
+def _expand_user(value: str) -> str:
+    return str(Path(value).expanduser()) if value.startswith("~") else value
+
+
+# A path in the config: "~" is the home of the user running the trainer (each node's own, on a cluster).
+UserPath = Annotated[str, AfterValidator(_expand_user)]
+
+
 class _Section(BaseModel):
     # Strict: a quoted '16' is not an integer and 'yes' is not a boolean; YAML already gives the right types.
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
@@ -249,10 +257,10 @@ class InferenceConfig(_Section):
 
 
 class DataConfig(_Section):
-    TRAIN_ANNO_PATH: str = Field("", description="Training annotation list (GluonCV or PySlowFast format).")
-    TRAIN_DATA_PATH: str = Field("", description="Root the training list's video paths are relative to.")
-    VAL_ANNO_PATH: str = Field("", description="Validation/test annotation list.")
-    VAL_DATA_PATH: str = Field("", description="Root the validation list's video paths are relative to.")
+    TRAIN_ANNO_PATH: UserPath = Field("", description="Training annotation list (GluonCV or PySlowFast format).")
+    TRAIN_DATA_PATH: UserPath = Field("", description="Root the training list's video paths are relative to.")
+    VAL_ANNO_PATH: UserPath = Field("", description="Validation/test annotation list.")
+    VAL_DATA_PATH: UserPath = Field("", description="Root the validation list's video paths are relative to.")
     NUM_CLASSES: int = Field(400, ge=1, description="Number of classes; sets the model's head.")
     CLIP_LEN: int = Field(16, ge=1, description="Frames per clip.")
     FRAME_RATE: int = Field(2, ge=1, description="Step between sampled frames of a clip.")
@@ -270,7 +278,7 @@ class DataConfig(_Section):
     NEW_WIDTH: int = Field(340, ge=1, description="Frame width after resizing when not keeping the aspect ratio.")
     NUM_WORKERS: int = Field(0, ge=0, description="DataLoader worker processes per training process.")
     MULTIGRID: NotSupported = Field(False, description="GluonCV multigrid sampler; not supported, keep False.")
-    CLASS_INDEX: str = Field("", description="Optional file with one class name per line, in label order.")
+    CLASS_INDEX: UserPath = Field("", description="Optional file with one class name per line, in label order.")
     RANDOM_FLIP: bool = Field(
         True, description="Random horizontal flip in training; turn off when left/right motion defines the class."
     )
@@ -291,7 +299,7 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     NAME: str = Field("", description="Model name in the registry (GluonCV names are aliases).")
     LOAD: bool = Field(False, description="Load weights from PRETRAINED_PATH before training (fine-tuning).")
-    PRETRAINED_PATH: str = Field("", description="Local checkpoint file to load when LOAD is True.")
+    PRETRAINED_PATH: UserPath = Field("", description="Local checkpoint file to load when LOAD is True.")
     PRETRAINED: bool = Field(False, description="Use the model zoo's trained weights (GluonCV meaning).")
     PRETRAINED_BASE: bool = Field(
         True, description="Use a pretrained backbone where the model supports it (GluonCV meaning)."
@@ -303,14 +311,14 @@ class ModelConfig(_Section):
 
 
 class LogConfig(_Section):
-    BASE_PATH: str = Field("", description="Base output directory; '' is the current directory.")
+    BASE_PATH: UserPath = Field("", description="Base output directory; '' is the current directory.")
     EXP_NAME: str = Field(
         "use_time",
         description="Run subdirectory of BASE_PATH; '' = BASE_PATH itself, 'use_time' = start time.",
     )
     LOG_DIR: str = Field("tb_log", description="TensorBoard subdirectory of the run directory.")
     SAVE_DIR: str = Field("checkpoints", description="Checkpoint subdirectory of the run directory.")
-    EVAL_DIR: str = Field("", description="Directory for test outputs; '' = the run directory.")
+    EVAL_DIR: UserPath = Field("", description="Directory for test outputs; '' = the run directory.")
     SAVE_FREQ: int = Field(1, ge=1, description="Save a checkpoint every SAVE_FREQ epochs (and after the last).")
     DISPLAY_FREQ: int = Field(1, ge=1, description="Log training progress every DISPLAY_FREQ iterations.")
     LEVEL: Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"] = Field("DEBUG", description="Log level.")

@@ -3,7 +3,8 @@
     python -m trainer.test --config-file configs/slowfast.yaml [--checkpoint run/checkpoints/best.pth]
 
 Runs on every rank like training (same launcher, same config); the views of each video are merged in memory with
-all-reduces, so no shared filesystem is needed. Rank 0 writes ``test_results.json`` into the run directory.
+all-reduces, so no shared filesystem is needed. Rank 0 writes ``test_results.json`` into LOG.EVAL_DIR (default:
+the run directory).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
     summary = {k: result[k] for k in ("top1", "top5", "videos", "views_per_video")}
     summary.update(checkpoint=str(path), bad_videos=[list(b) for b in result["bad"]])
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "test_results.json").write_text(json.dumps(summary, indent=1))
+        eval_dir = Path(cfg.CONFIG.LOG.EVAL_DIR) if cfg.CONFIG.LOG.EVAL_DIR else out
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        (eval_dir / "test_results.json").write_text(json.dumps(summary, indent=1))
         log.info("test top-1 %.2f%%, top-5 %.2f%% over %d videos", result["top1"], result["top5"], result["videos"])
     return summary
 
