@@ -500,13 +500,32 @@ def run_dir(cfg: Config, now: float | None = None) -> Path:
 # Command line
 
 
+def describe_schema() -> str:
+    """Every key with its default and meaning, as a Markdown table: the config reference (docs/CONFIG.md)."""
+    defaults = config_to_dict(Config())
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], values: dict[str, Any], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = _schema_keys(model)[name]
+            if sub is not None:
+                walk(sub, values[name], f"{prefix}{name}.")
+            else:
+                default = yaml.safe_dump(values[name], default_flow_style=True).strip().removesuffix("...").strip()
+                rows.append(f"| `{prefix}{name}` | `{default}` | {field.description} |")
+
+    walk(Config, defaults, "")
+    return "\n".join(rows) + "\n"
+
+
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.config",
         description="Validate a config and print it resolved.",
         add_help=add_help,
     )
-    parser.add_argument("--config-file", type=Path, required=True, help="experiment or node YAML (GluonCV DDP format)")
+    parser.add_argument("--config-file", type=Path, help="experiment or node YAML (GluonCV DDP format)")
+    parser.add_argument("--describe", action="store_true", help="print every key, its default and meaning (Markdown)")
     parser.add_argument("--check", action="store_true", help="print a one-line summary instead of the resolved YAML")
     parser.add_argument(
         "--no-runtime-checks",
@@ -518,7 +537,13 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    if args.describe:
+        print(describe_schema(), end="")
+        return 0
+    if args.config_file is None:
+        parser.error("--config-file is required (or --describe)")
     try:
         cfg = load_config(args.config_file, args.opts)
     except ConfigError as exc:
