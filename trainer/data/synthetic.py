@@ -52,7 +52,7 @@ def encode_mp4s(videos: Sequence[np.ndarray], paths: Sequence[Path], fps: int) -
     _, height, width, _ = videos[0].shape
     cuts = ",".join(str(c) for c in np.cumsum(lengths)[:-1]) or str(lengths[0])
     starts = "+".join(f"eq(n,{c})" for c in np.cumsum([0, *lengths[:-1]]))
-    with tempfile.TemporaryDirectory(dir=os.path.commonpath(paths)) as tmp:
+    with tempfile.TemporaryDirectory(dir=os.path.commonpath([Path(p).parent for p in paths])) as tmp:
         cmd = [
             "ffmpeg", "-loglevel", "error", "-y",
             "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-r", str(fps), "-i", "-",
