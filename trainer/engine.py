@@ -121,6 +121,19 @@ def _optimizer_step(model: nn.Module, state: TrainState, clip_norm: float) -> No
     state.step += 1
 
 
+def _eval_logits(
+    model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str, bad: list[tuple[str, str]]
+) -> Iterator[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]:
+    """(batch, labels, float logits) of every batch with at least one good video; bad videos go into ``bad``."""
+    for batch in progress(ctx, loader, len(loader), desc):
+        bad.extend(batch["bad"])
+        if len(batch["label"]) == 0:
+            continue
+        with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
+            logits = model(batch["video"].to(ctx.device)).float()
+        yield batch, batch["label"].to(ctx.device), logits
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str = "val") -> dict[str, Any]:
     """Loss, top-1 and top-5 over the whole split; ``model`` is the unwrapped module (shards may differ in length,
@@ -129,13 +142,7 @@ def evaluate(model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc:
     criterion = nn.CrossEntropyLoss(reduction="sum")
     stats = torch.zeros(4, device=ctx.device, dtype=torch.float64)  # loss sum, top-1, top-5, clips
     bad: list[tuple[str, str]] = []
-    for batch in progress(ctx, loader, len(loader), desc):
-        bad.extend(batch["bad"])
-        if len(batch["label"]) == 0:
-            continue
-        labels = batch["label"].to(ctx.device)
-        with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-            logits = model(batch["video"].to(ctx.device)).float()
+    for _, labels, logits in _eval_logits(model, loader, ctx, cfg, desc, bad):
         stats += torch.stack([criterion(logits, labels).double(), topk_correct(logits, labels, 1).double(),
                               topk_correct(logits, labels, 5).double(),
                               torch.tensor(len(labels), device=ctx.device, dtype=torch.float64)])
@@ -160,16 +167,11 @@ def test_multiview(
     views = torch.zeros(num_videos, device=ctx.device, dtype=torch.float64)
     label_sum = torch.zeros(num_videos, device=ctx.device, dtype=torch.float64)
     bad: list[tuple[str, str]] = []
-    for batch in progress(ctx, loader, len(loader), "test"):
-        bad.extend(batch["bad"])
-        if len(batch["label"]) == 0:
-            continue
+    for batch, labels, logits in _eval_logits(model, loader, ctx, cfg, "test", bad):
         vidx = batch["video_index"].to(ctx.device)
-        with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-            logits = model(batch["video"].to(ctx.device)).float()
         probs.index_add_(0, vidx, logits.softmax(dim=1).double())
         views.index_add_(0, vidx, torch.ones_like(vidx, dtype=torch.float64))
-        label_sum.index_add_(0, vidx, batch["label"].to(ctx.device).double())
+        label_sum.index_add_(0, vidx, labels.double())
     for tensor in (probs, views, label_sum):
         all_reduce_sum(tensor)
     seen = views > 0  # a video all of whose views were bad is not scored
