@@ -31,7 +31,8 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   /usr/bin/python3 -m venv "$VENV"
   pip_args=()
   for f in "${req_files[@]}"; do pip_args+=(-r "$f"); done
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${pip_args[@]}" 2>&1 | grep -v "is ignored: it is neither" || true
-  "$VENV/bin/python" -c "import torch, torchvision, decord, ansible, paramiko, yaml, pydantic" 
+  # (the filter only hides a harmless warning some pip configurations print once per package)
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${pip_args[@]}" 2> >(grep -v "is ignored: it is neither" >&2)
+  "$VENV/bin/python" -c "import torch, torchvision, decord, ansible, paramiko, yaml, pydantic"
   echo "$want" > "$stamp"
 fi
