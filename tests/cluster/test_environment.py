@@ -1,26 +1,26 @@
-"""Matching environments (roles/python_env, roles/nvidia_driver, playbooks/environment.yml).
+"""Matching environments (roles/python_env, roles/nvidia_driver, playbooks/environment.yml, setup-cluster.yml).
 
-The filter and requirement-check tests are plain function tests. The cluster tests run the playbook for real on a
-2-node local cluster (network-namespace hosts with their own sshd and private homes):
-  - each node installs the real pinned requirements.txt into its own ~/vidcluster/venv (the 5.5 GB CUDA torch
-    stack) offline, from a wheelhouse the controller built; a second run changes nothing and does not call pip;
-  - node1's torch is really replaced by torch 2.13.0+cpu; with python_env_shared_fs claimed (but the homes are
-    private) only node0 installs and the comparison fails naming node1 and the torch row; a normal run repairs
-    node1 alone;
-  - a shared path (/tmp is the same directory on every local node) is installed once, from a wheelhouse copied to
-    the installing node only, and verified by all;
-  - check mode on fresh nodes creates nothing; nvidia_driver passes check mode on this Debian controller.
-Run: .venv/bin/python -m pytest tests/cluster/test_environment.py  (root). Measured on the shared 2-core machine:
-about 14.5 min in all; the two parallel real installs 347 s, the repair 89 s, installing the CPU torch on node1
-~80 s, a second run 37 s, teardown of the two 6 GB environments ~170 s.
+The filter and requirement-check tests are plain function tests; nvidia_driver runs in check mode on this Debian
+controller. The cluster tests run the playbooks for real on one 2-node local cluster (network-namespace hosts with
+their own sshd and private homes, which come with the repository's .venv pre-installed read-only at
+/opt/vidcluster/venv, see roles/local_cluster):
+  - check mode on fresh nodes creates nothing;
+  - each node installs a small pinned requirements file into its own ~/vidcluster/venv, offline, from a wheelhouse
+    the controller downloads and copies to the nodes; each node has exactly those versions; a second run changes
+    nothing and does not call pip;
+  - node1 drifts: its environment is its own venv with torch 2.13.0+cpu (the real CPU wheel from /opt/wheels) over
+    the shared stack, node0 keeps the shared one (torch 2.14.1); setup-cluster.yml fails at the comparison with a
+    table naming node1 and torch with both versions, and changes neither node's environment.
+The full requirements.txt (the 5.5 GB CUDA stack) is not installed per node here: setup-cluster.yml verifies the
+pre-installed one on every local cluster (tests/cluster/test_ssh_mesh.py), and the install path is the same.
+Lint of these roles runs with the whole repository's in tests/cluster/test_lint.py.
+Run: .venv/bin/python -m pytest tests/cluster/test_environment.py  (root).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,20 +29,16 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, Node, changed_total, run_playbook
+from tests.cluster.conftest import REPO, LocalCluster, changed_total, run_playbook
 
 ROLE = REPO / "roles" / "python_env"
 PLAYBOOK = REPO / "playbooks" / "environment.yml"
-# The local nodes are offline (no route out of their namespaces, and this machine's local package index is
-# configured for root only), exactly the case of the wheelhouse mode: the controller downloads once (cached in
-# .cache/wheelhouse across runs) and the nodes install with --no-index. They share the controller's filesystem,
-# so they read that wheelhouse in place: copying 3 GB over ssh to each node takes this 2-core machine ~6 min.
-# The copy itself is tested with a small requirements file (test_shared_path_...).
-OFFLINE = ("-e", "python_env_wheelhouse=true", "-e", "python_env_wheelhouse_copy=false")
-PER_NODE = ("-e", "vidcluster_env_path=~/vidcluster/venv", "-e", "python_env_shared_fs=false", *OFFLINE)
 PIP_TASK = "Install the pinned requirements with pip"
-SITE = Path("vidcluster/venv/lib/python3.11/site-packages")
+SITE = "lib/python3.11/site-packages"
+SHARED_ENV = "/opt/vidcluster/venv"
 CPU_TORCH = next(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"), None)
+# Small, real pins (paramiko brings 6 compiled and pure dependencies), all on this machine's package index.
+SMALL_REQUIREMENTS = "pyyaml==6.0.4\nparamiko==4.0.0\n"
 
 
 def _load(path: Path) -> ModuleType:
@@ -60,14 +56,7 @@ check_requirements = _load(ROLE / "files" / "check_requirements.py")
 def task_lines(stdout: str, task: str) -> list[str]:
     """The per-host result lines ('changed: [node0]', 'skipping: [node1]') of one task in the default output."""
     block = stdout.split(f"TASK [python_env : {task}]", 1)[1].split("TASK [", 1)[0]
-    return [line for line in block.splitlines() if re.match(r"(ok|changed|skipping|fatal): \[", line)]
-
-
-def torch_dist(home: Path, env: Path = SITE) -> list[str]:
-    """Versions of the torch distributions installed in a node's environment, read from the controller side."""
-    return sorted(
-        p.name.removeprefix("torch-").removesuffix(".dist-info") for p in (home / env).glob("torch-*.dist-info")
-    )
+    return sorted(line for line in block.splitlines() if re.match(r"(ok|changed|skipping|fatal): \[", line))
 
 
 # --- filters and the requirement check ----------------------------------------------------------------------
@@ -125,35 +114,6 @@ def test_requirement_check_compares_installed_versions() -> None:
     ]
 
 
-def test_lint_is_clean() -> None:
-    paths = ["roles/python_env", "roles/nvidia_driver", "playbooks/environment.yml"]
-    lint = subprocess.run(
-        [str(VENV_BIN / "ansible-lint"), "--profile", "production", *paths],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert lint.returncode == 0, lint.stdout + lint.stderr
-    config = (
-        ["-c", ".yamllint"]
-        if (REPO / ".yamllint").exists()
-        else ["-d", "{extends: default, rules: {line-length: {max: 120}}}"]
-    )
-    yaml = subprocess.run(
-        [str(VENV_BIN / "yamllint"), "--strict", *config, *paths], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    assert yaml.returncode == 0, yaml.stdout + yaml.stderr
-    ruff = subprocess.run(
-        [str(VENV_BIN / "ruff"), "check", "roles/python_env", __file__],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert ruff.returncode == 0, ruff.stdout
-
-
 def test_nvidia_driver_role_passes_check_mode_on_this_debian_host(tmp_path: Path) -> None:
     inventory = tmp_path / "controller.yml"
     inventory.write_text(
@@ -176,110 +136,105 @@ def test_nvidia_driver_role_passes_check_mode_on_this_debian_host(tmp_path: Path
 def cluster(local_cluster: Any) -> Iterator[LocalCluster]:
     made: LocalCluster = local_cluster(2)
     yield made
-    made.destroy()  # frees the two ~6 GB environments as soon as this module is done
+    made.destroy()
 
 
-def test_check_mode_on_fresh_nodes_creates_nothing(cluster: LocalCluster) -> None:
-    proc = cluster.playbook(PLAYBOOK, "--check", *PER_NODE)
+@pytest.fixture(scope="module")
+def per_node(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+    """Arguments of a per-node offline install of SMALL_REQUIREMENTS: each node's own ~/vidcluster/venv (private
+    homes), from a wheelhouse this module's controller downloads afresh and copies to each node that installs."""
+    base = tmp_path_factory.mktemp("python-env")
+    requirements = base / "requirements.txt"
+    requirements.write_text(SMALL_REQUIREMENTS)
+    return (
+        "-e", "vidcluster_env_path=~/vidcluster/venv",
+        "-e", "python_env_shared_fs=false",
+        "-e", f"python_env_requirements_file={requirements}",
+        "-e", "python_env_wheelhouse=true",
+        "-e", "python_env_wheelhouse_copy=true",
+        "-e", f"python_env_wheelhouse_controller_dir={base / 'wheelhouse'}",
+    )  # fmt: skip
+
+
+def test_check_mode_on_fresh_nodes_creates_nothing(cluster: LocalCluster, per_node: tuple[str, ...]) -> None:
+    proc = cluster.playbook(PLAYBOOK, "--check", *per_node)
     assert "no environment at /home/vctrain/vidcluster/venv" in proc.stdout
     for node in cluster.nodes:
         assert not (node.home / "vidcluster").exists()
 
 
-def test_each_node_installs_the_pinned_requirements_for_real(cluster: LocalCluster) -> None:
+def test_each_node_installs_its_own_environment_offline(cluster: LocalCluster, per_node: tuple[str, ...]) -> None:
     started = time.monotonic()
-    proc = cluster.playbook(PLAYBOOK, *PER_NODE)
-    elapsed = time.monotonic() - started
-    print(f"per-node install of requirements.txt on {len(cluster.nodes)} nodes: {elapsed:.0f} s")
-    assert sorted(task_lines(proc.stdout, PIP_TASK)) == [f"changed: [{node.name}]" for node in cluster.nodes]
-    for node in cluster.nodes:
-        assert torch_dist(node.home) == ["2.14.1"]
-        assert not (node.home / "vidcluster" / "wheelhouse").exists()  # read in place, not copied
-        assert re.search(rf"{node.name}\s+3\.11\.\d+\s+2\.14\.1\+cu130\s+13\.0\s+\d+\s+[\d.]+\s+0\.29\.1", proc.stdout)
-
-
-def test_second_run_changes_nothing_and_does_not_reinstall(cluster: LocalCluster) -> None:
-    marker = cluster.nodes[0].home / SITE / "torch-2.14.1.dist-info" / "RECORD"
-    before = marker.stat().st_mtime_ns
-    started = time.monotonic()
-    proc = cluster.playbook(PLAYBOOK, *PER_NODE)
-    elapsed = time.monotonic() - started
-    print(f"second run: {elapsed:.0f} s")
-    assert changed_total(proc.stdout) == 0
-    assert sorted(task_lines(proc.stdout, PIP_TASK)) == [f"skipping: [{node.name}]" for node in cluster.nodes]
-    assert marker.stat().st_mtime_ns == before
-    assert elapsed < 120
-
-
-def _install_cpu_torch(cluster: LocalCluster, node: Node) -> None:
-    assert CPU_TORCH is not None, "torch 2.13.0+cpu wheel missing from /opt/wheels"
-    cluster.ssh(node, f"~/vidcluster/venv/bin/pip install -q --no-deps --force-reinstall {CPU_TORCH}")
-    assert torch_dist(node.home) == ["2.13.0+cpu"]
-
-
-def test_node_with_a_different_torch_fails_the_comparison_naming_it(cluster: LocalCluster) -> None:
-    node0, node1 = cluster.nodes
-    _install_cpu_torch(cluster, node1)
-    # Claimed shared filesystem, private homes in reality: node0 installs (nothing to do), every node verifies.
-    proc = cluster.playbook(
-        PLAYBOOK,
-        "-e",
-        "python_env_shared_fs=true",
-        "-e",
-        "vidcluster_env_path=~/vidcluster/venv",
-        *OFFLINE,
-        check=False,
+    proc = cluster.playbook(PLAYBOOK, *per_node)
+    print(f"per-node offline install on {len(cluster.nodes)} nodes: {time.monotonic() - started:.0f} s")
+    assert task_lines(proc.stdout, PIP_TASK) == [f"changed: [{node.name}]" for node in cluster.nodes]
+    probe = (
+        "~/vidcluster/venv/bin/python -c 'import sys, yaml, paramiko; "
+        "print(sys.prefix, yaml.__version__, paramiko.__version__)'"
     )
-    assert proc.returncode != 0
-    assert "Environments differ between nodes in: torch," in proc.stdout
-    assert re.search(rf"^\s*{node1.name}\s+2\.13\.0\+cpu\b", proc.stdout, re.M)  # the diff table's node1 row
-    assert re.search(rf"^\s*{node0.name}\s+2\.14\.1\+cu130\b", proc.stdout, re.M)
-    assert f"torch: 2.14.1+cu130 on {node0.name}; 2.13.0+cpu on {node1.name}" in proc.stdout
-    assert torch_dist(node1.home) == ["2.13.0+cpu"]  # verified, not silently changed
-
-
-def test_normal_run_repairs_only_the_drifted_node(cluster: LocalCluster) -> None:
-    node0, node1 = cluster.nodes
-    proc = cluster.playbook(PLAYBOOK, *PER_NODE)
-    assert sorted(task_lines(proc.stdout, PIP_TASK)) == [f"changed: [{node1.name}]", f"skipping: [{node0.name}]"]
-    assert torch_dist(node1.home) == ["2.14.1"]
-
-
-@pytest.fixture
-def tiny_requirements(tmp_path: Path) -> Path:
-    """A small real requirements file (paramiko and its 6 dependencies) for the install-mode tests."""
-    path = tmp_path / "requirements.txt"
-    path.write_text("paramiko==4.0.0\n")
-    return path
-
-
-def test_shared_path_is_installed_once_and_verified_by_all(
-    cluster: LocalCluster, tiny_requirements: Path, tmp_path: Path
-) -> None:
-    shared = Path(f"/tmp/vidcluster-{cluster.name}-shared")  # /tmp is one directory for every local node
-    try:
-        proc = cluster.playbook(
-            PLAYBOOK,
-            "-e",
-            f"vidcluster_env_path={shared}/venv",
-            "-e",
-            "python_env_shared_fs=true",
-            "-e",
-            f"python_env_requirements_file={tiny_requirements}",
-            "-e",
-            "python_env_wheelhouse=true",
-            "-e",
-            f"python_env_wheelhouse_controller_dir={tmp_path / 'wheelhouse'}",
+    for node in cluster.nodes:
+        # Installed with the node's own python, in its own home, from the copied wheelhouse.
+        assert cluster.ssh(node, probe).stdout.split() == ["/home/vctrain/vidcluster/venv", "6.0.4", "4.0.0"]
+        assert (node.home / "vidcluster" / "venv" / SITE / "paramiko-4.0.0.dist-info").is_dir()
+        assert (node.home / "vidcluster" / "wheelhouse" / "paramiko-4.0.0-py3-none-any.whl").is_file()
+        assert (node.home / "vidcluster" / "venv" / "vidcluster-requirements.txt").read_text() == SMALL_REQUIREMENTS
+        assert re.search(
+            rf"^\s*- {node.name}\s+3\.11\.\d+\s+missing(\s+n/a){{3}}\s+missing\s+missing\s+4\.0\.0\b", proc.stdout, re.M
         )
-        node0, node1 = cluster.nodes
-        assert sorted(task_lines(proc.stdout, PIP_TASK)) == [f"changed: [{node0.name}]", f"skipping: [{node1.name}]"]
-        for node in cluster.nodes:
-            assert re.search(
-                rf"^\s*- {node.name}\s+3\.11\.\d+\s+missing(\s+n/a){{3}}\s+missing\s+missing\s+4\.0\.0\b",
-                proc.stdout,
-                re.M,
-            )
-        assert (shared / "venv/lib/python3.11/site-packages/paramiko-4.0.0.dist-info").is_dir()
-        assert (shared / "wheelhouse" / "paramiko-4.0.0-py3-none-any.whl").is_file()
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_second_run_changes_nothing_and_does_not_call_pip(cluster: LocalCluster, per_node: tuple[str, ...]) -> None:
+    record = cluster.nodes[0].home / "vidcluster" / "venv" / SITE / "paramiko-4.0.0.dist-info" / "RECORD"
+    before = record.stat().st_mtime_ns
+    started = time.monotonic()
+    proc = cluster.playbook(PLAYBOOK, *per_node)
+    print(f"second run: {time.monotonic() - started:.0f} s")
+    assert changed_total(proc.stdout) == 0
+    assert task_lines(proc.stdout, PIP_TASK) == [f"skipping: [{node.name}]" for node in cluster.nodes]
+    assert record.stat().st_mtime_ns == before
+
+
+def test_node_with_a_different_torch_fails_the_setup_naming_it(cluster: LocalCluster, tmp_path: Path) -> None:
+    node0, node1 = cluster.nodes
+    assert CPU_TORCH is not None, "torch 2.13.0+cpu wheel missing from /opt/wheels"
+    # node1's environment: its own venv in its home with the CPU torch 2.13.0 wheel installed by the node's user;
+    # the rest of the stack (torch's own dependencies, torchvision, decord, paramiko) comes from the shared one.
+    cluster.ssh(node1, (
+        f"set -e; /usr/bin/python3 -m venv --without-pip ~/drift/venv; "
+        f"echo {SHARED_ENV}/{SITE} > ~/drift/venv/{SITE}/vidcluster-shared.pth; "
+        f"{SHARED_ENV}/bin/python -m pip --python ~/drift/venv/bin/python install -q --no-deps --no-index "
+        f"--no-compile {CPU_TORCH}"
+    ))  # fmt: skip
+    assert cluster.ssh(node1, "~/drift/venv/bin/python -c 'import torch; print(torch.__version__)'").stdout.strip() == (
+        "2.13.0+cpu"
+    )
+    drift = tmp_path / "drift.yml"  # a second inventory source: node1's own environment path
+    drift.write_text(f"trainers:\n  hosts:\n    {node1.name}:\n      vidcluster_env_path: ~/drift/venv\n")
+    # What the role would write into an environment it installs (the nodes could not: it is mounted read-only).
+    shared_files = [
+        REPO / ".venv" / SITE / "torch-2.14.1.dist-info" / "RECORD",
+        REPO / ".venv" / "vidcluster-requirements.txt",
+    ]
+    shared_before = [path.stat().st_mtime_ns if path.exists() else None for path in shared_files]
+    node0_home_before = sorted(p.name for p in node0.home.iterdir())
+
+    proc = cluster.playbook("setup-cluster.yml", "-i", str(drift), check=False)
+    assert proc.returncode != 0
+    out = proc.stdout
+    assert re.search(r"Environments differ between nodes in: torch\b", out), out[-4000:]
+    # The full table and the table of differences name node1 with its torch, node0 with the shared one.
+    assert re.search(rf"^\s*{node1.name}\s+2\.13\.0\+cpu\b", out, re.M), out[-4000:]
+    assert re.search(rf"^\s*{node0.name}\s+2\.14\.1\+cu130\b", out, re.M), out[-4000:]
+    assert re.search(rf"^\s*- '?{node1.name}\s+3\.11\.\d+\s+2\.13\.0\+cpu\s", out, re.M), out[-4000:]
+    assert f"torch: 2.14.1+cu130 on {node0.name}; 2.13.0+cpu on {node1.name}" in out
+    # It failed at the comparison: nothing was installed (the shared environment is verified, never repaired on
+    # another node's behalf), and the SSH check after it did not run.
+    assert task_lines(out, PIP_TASK) == [f"skipping: [{node.name}]" for node in cluster.nodes]
+    assert "TASK [ssh_check" not in out
+    # Nothing half-done: node1 keeps its torch, node0 and the shared environment are untouched.
+    assert cluster.ssh(node1, f"ls -d ~/drift/venv/{SITE}/torch-*.dist-info").stdout.split() == [
+        f"/home/vctrain/drift/venv/{SITE}/torch-2.13.0+cpu.dist-info"
+    ]
+    assert [path.stat().st_mtime_ns if path.exists() else None for path in shared_files] == shared_before
+    assert sorted(p.name for p in node0.home.iterdir()) == node0_home_before
+    assert not (node0.home / "drift").exists()

@@ -10,12 +10,16 @@ import pytest
 
 from tests.cluster.conftest import (
     CLUSTER_PLAYBOOK,
+    REPO,
     LocalCluster,
     changed_total,
     link_names,
     netns_names,
     run_playbook,
 )
+
+# Where every node sees its pre-installed environment (local_cluster_env_source, by default the repo's .venv).
+ENV_MOUNT = "/opt/vidcluster/venv"
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +52,33 @@ def test_homes_are_private(cluster: LocalCluster) -> None:
     assert len((node1.home / ".ssh" / "authorized_keys").read_text().splitlines()) == 1
 
 
-def test_second_run_changes_nothing(cluster: LocalCluster) -> None:
-    proc = run_playbook(CLUSTER_PLAYBOOK, "-e", "nodes=2", "-e", f"cluster_name={cluster.name}")
-    assert changed_total(proc.stdout) == 0, proc.stdout[-3000:]
+def test_repo_env_is_preinstalled_read_only(cluster: LocalCluster) -> None:
+    # The login user runs the repository's .venv at the mount point; nothing can write into it from a node.
+    probe = f"{ENV_MOUNT}/bin/python -c 'import sys, torch, paramiko; print(sys.prefix)'; touch {ENV_MOUNT}/x"
+    out = cluster.ssh(cluster.nodes[1], probe, check=False)
+    assert out.stdout.strip() == ENV_MOUNT, out.stderr
+    assert "Read-only file system" in out.stderr
+    assert not (REPO / ".venv" / "x").exists()
+    text = cluster.inventory.read_text()
+    assert f"vidcluster_env_path: {ENV_MOUNT}" in text and "python_env_shared_fs: true" in text
+
+
+def test_env_source_the_user_cannot_reach_is_still_usable(cluster: LocalCluster, tmp_path: Path) -> None:
+    # pytest's tmp_path lies under /tmp/pytest-of-root (0700): vctrain cannot reach it, only the bind mount.
+    source = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(source)], check=True)
+    (source / "marker").write_text("seeded\n")
+    node = cluster.nodes[0]
+    args = ("-e", "nodes=2", "-e", f"cluster_name={cluster.name}")
+    run_playbook(CLUSTER_PLAYBOOK, *args, "-e", f"local_cluster_env_source={source}")
+    out = cluster.ssh(node, f"test ! -e {source}; cat {ENV_MOUNT}/marker; {ENV_MOUNT}/bin/python -c "
+                            "'import sys; print(sys.prefix)'").stdout.split()
+    assert out == ["seeded", ENV_MOUNT]
+    # '' disables it: an empty mount point, and the inventory leaves the environment to the roles' defaults.
+    # (The next test's default run puts the repository's .venv back.)
+    run_playbook(CLUSTER_PLAYBOOK, *args, "-e", "local_cluster_env_source=")
+    assert cluster.ssh(node, f"ls -A {ENV_MOUNT}").stdout == ""
+    assert "vidcluster_env_path" not in cluster.inventory.read_text()
 
 
 def test_restarts_a_stopped_sshd(cluster: LocalCluster) -> None:
@@ -60,6 +88,13 @@ def test_restarts_a_stopped_sshd(cluster: LocalCluster) -> None:
     run_playbook(CLUSTER_PLAYBOOK, "-e", "nodes=2", "-e", f"cluster_name={cluster.name}")
     assert node.sshd_pid != old
     assert cluster.ssh(node, "true").returncode == 0
+    # A default run also brings back the default environment source (the test above changed it).
+    assert cluster.ssh(node, f"{ENV_MOUNT}/bin/python -c 'import paramiko'", check=False).returncode == 0
+
+
+def test_second_run_changes_nothing(cluster: LocalCluster) -> None:
+    proc = run_playbook(CLUSTER_PLAYBOOK, "-e", "nodes=2", "-e", f"cluster_name={cluster.name}")
+    assert changed_total(proc.stdout) == 0, proc.stdout[-3000:]
 
 
 def test_teardown_is_complete(cluster: LocalCluster) -> None:
