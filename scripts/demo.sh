@@ -26,14 +26,11 @@ export PATH="$ROOT/.venv/bin:$PATH" ANSIBLE_FORCE_COLOR="${ANSIBLE_FORCE_COLOR:-
 step "2/6 Making the local 2-node cluster 'demo'"
 ansible-playbook playbooks/local-cluster.yml -e nodes=2 -e cluster_name=demo -e local_cluster_default_inventory=true
 
-# The nodes see this machine's filesystem (only their homes are private), so they share the repository's .venv
-# instead of installing torch twice more: python_env checks it like any shared environment. It keeps a copy of
-# the pinned requirements in the environment; the nodes' user cannot write into .venv, so it is put there now.
-ENV_ARGS=(-e "vidcluster_env_path=$ROOT/.venv" -e python_env_shared_fs=true)
-cmp -s requirements.txt .venv/vidcluster-requirements.txt || install -m 0644 requirements.txt .venv/vidcluster-requirements.txt
+# The local hosts come with this machine's .venv mounted read-only at /opt/vidcluster/venv, like an NFS-shared
+# environment on a real cluster: setup-cluster.yml finds the pinned versions there and only verifies and compares.
 
 step "3/6 Setting the cluster up (keys, trust, environment, SSH check)"
-ansible-playbook -i "$INVENTORY" setup-cluster.yml "${ENV_ARGS[@]}"
+ansible-playbook -i "$INVENTORY" setup-cluster.yml
 
 step "4/6 Generating the video dataset and staging it on every node"
 python -m trainer make-dataset "$DATA" --classes left right up down --train-per-class 16 --val-per-class 8
@@ -41,7 +38,7 @@ ansible-playbook -i "$INVENTORY" playbooks/stage-data.yml -e "src=$DATA" -e dest
 
 step "5/6 Training SlowFast on 2 nodes (launch-training.yml -e config=$JOB)"
 # One thread per process and short polls: both nodes share this machine's cores, and the run is short.
-ansible-playbook -i "$INVENTORY" launch-training.yml -e "config=$JOB" "${ENV_ARGS[@]}" \
+ansible-playbook -i "$INVENTORY" launch-training.yml -e "config=$JOB" \
   -e ddp_launch_omp_num_threads=1 -e ddp_launch_poll_seconds=5
 
 step "6/6 Result"

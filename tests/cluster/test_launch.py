@@ -1,7 +1,7 @@
 """launch-training.yml, stop-training.yml, training-status.yml and stage-data.yml on a real local cluster.
 
 One 3-node cluster (network-namespace hosts with their own sshd and private homes) set up by setup-cluster.yml
-(keys, trust, SSH check; the nodes share this machine's filesystem, so they train with the repository's .venv),
+(keys, trust, environment check, SSH check; the nodes train with the environment the local hosts come with),
 then real gloo training of a tiny I3D on synthetic H.264 videos staged to every node:
   - 2 nodes (--limit node0,node1): an unknown config, a dataset path missing on one node and a busy rendezvous port
     each fail before any training process starts, naming what is wrong;
@@ -29,10 +29,8 @@ from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, Node
 CONFIG = "i3d_cpu_test"  # reads ~/data/vidcluster-test on every node
 TWO_NODES = ("--limit", "node0,node1")
 EPOCHS = 30  # a tiny epoch takes about a second here: enough of them to kill a node mid-run
-# The nodes run the repository's virtualenv (they see this machine's filesystem); short polls for short runs;
-# one thread per process: every node shares the same 2 cores.
+# Short polls for short runs; one thread per process: every node shares the same 2 cores.
 LAUNCH_ARGS = (
-    "-e", f"vidcluster_env_path={REPO / '.venv'}",
     "-e", "ddp_launch_poll_seconds=3",
     "-e", "ddp_launch_omp_num_threads=1",
     "-e", "ddp_launch_follow_hours=0.25",
@@ -75,8 +73,7 @@ def cluster(
 ) -> Iterator[LocalCluster]:
     """A 3-node cluster after setup-cluster.yml, with a small two-class video dataset staged on every node."""
     cluster = local_cluster(3)
-    # The environment step would install the CUDA torch stack into every node's home; the nodes use .venv instead.
-    cluster.playbook("setup-cluster.yml", "--skip-tags", "env", "-e", f"vidcluster_env_path={REPO / '.venv'}")
+    cluster.playbook("setup-cluster.yml")
     data = tmp_path_factory.mktemp("data") / "vidcluster-test"
     subprocess.run(
         [str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes", "left", "right",
