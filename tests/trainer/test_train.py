@@ -200,3 +200,17 @@ def test_gluoncv_tutorial_command_under_legacy_launcher(synthetic_dataset: dict[
                 "scripts/action-recognition/train_ddp_pytorch.py", "--config-file", cfg)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["state"] == "finished" and status["world_size"] == 2
+
+
+def test_gradient_accumulation_steps_and_keeps_ranks_identical(
+    synthetic_dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    """ACCUM_STEPS 2: half as many optimizer steps (no_sync on the first micro-batch), still one set of weights."""
+    cfg = write_config(tmp_path / "cfg.yaml", synthetic_dataset, tmp_path / "run", workers=2,
+                       TRAIN={"EPOCH_NUM": 1, "ACCUM_STEPS": 2, "BATCH_SIZE": 2})
+    out = run_trainer("-m", "trainer.train", "--config-file", cfg)
+    # 24 training videos over 2 ranks at 2 clips per micro-batch: 6 micro-batches, 3 optimizer steps per epoch
+    assert "3 optimizer steps per epoch" in out.stdout and "global batch 8" in out.stdout
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "finished" and status["step"] == 3
+    assert json.loads((tmp_path / "run" / "weights_digest.json").read_text())["identical"]
