@@ -23,7 +23,7 @@ from trainer.distributed import DistContext, add_launcher_args, launch
 from trainer.engine import test_multiview
 from trainer.models import build_model
 from trainer.reporting import setup_logging
-from trainer.train import load_cli_config
+from trainer.train import load_cli_config, setup_launcher_logging
 
 log = logging.getLogger("trainer")
 
@@ -66,6 +66,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = get_args_parser().parse_args(argv)
     cfg = load_cli_config(args)
+    setup_launcher_logging()
     launch(functools.partial(test_worker, ckpt=args.checkpoint), cfg, local_rank=args.local_rank)
 
 

@@ -238,8 +238,14 @@ def load_cli_config(args: argparse.Namespace) -> Config:
         raise SystemExit(2) from exc
 
 
+def setup_launcher_logging() -> None:
+    """The launching process reports where it rendezvouses and on which interfaces (workers log on their own)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = get_args_parser().parse_args(argv)
+    setup_launcher_logging()
     launch(train_worker, load_cli_config(args), local_rank=args.local_rank)
 
 
