@@ -174,13 +174,15 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     broadcast_buffers(run.raw_model)
     done = epoch + 1
     is_best = False
+    bad = gather_bad(state.bad_videos)  # this epoch's training skips, from every rank
     if done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM:
         val = evaluate(run.raw_model, run.val_loader, ctx, cfg)
         metrics.update({f"val_{k}": v for k, v in val.items() if k != "bad"})
         is_best = val["top1"] > best_top1
         best_top1 = max(best_top1, val["top1"])
-        state.bad_videos.extend(val["bad"])
-    bad = _report_bad(state.bad_videos)
+        bad = sorted({*bad, *val["bad"]})  # evaluate already gathered its own
+    for path, reason in bad:
+        log.warning("skipped bad video %s: %s", path, reason)
     metrics["bad_videos"] = len(bad)
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
@@ -201,13 +203,6 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
         path = checkpoint.save_checkpoint(ckpt, run.out / log_cfg.SAVE_DIR, done, is_best, train.KEEP_LAST)
         log.info("saved %s%s", path, " (best)" if is_best else "")
     return best_top1
-
-
-def _report_bad(bad: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    merged = gather_bad(bad)
-    for path, reason in merged:
-        log.warning("skipped bad video %s: %s", path, reason)
-    return merged
 
 
 def finish(raw_model: nn.Module, ctx: DistContext, out: Path, reporter: Reporter) -> None:
