@@ -487,6 +487,29 @@ def config_to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
+def path_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Dotted keys of every path in the schema (the ``UserPath`` fields), e.g. ``CONFIG.DATA.TRAIN_ANNO_PATH``."""
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        sub = _schema_keys(model)[name]
+        if sub is not None:
+            keys += path_keys(sub, f"{prefix}{name}.")
+        elif any(getattr(meta, "func", None) is _expand_user for meta in field.metadata):
+            keys.append(prefix + name)
+    return keys
+
+
+def input_paths(cfg: Config) -> list[tuple[str, str]]:
+    """(dotted key, path) of every file or folder the trainer reads before it starts: the data lists, their video
+    roots, the class index and fine-tuning weights. A launcher checks them on every node first."""
+    data, model = cfg.CONFIG.DATA, cfg.CONFIG.MODEL
+    found = [(f"CONFIG.DATA.{key}", getattr(data, key)) for key in
+             ("TRAIN_ANNO_PATH", "TRAIN_DATA_PATH", "VAL_ANNO_PATH", "VAL_DATA_PATH", "CLASS_INDEX")]
+    if model.LOAD:
+        found.append(("CONFIG.MODEL.PRETRAINED_PATH", model.PRETRAINED_PATH))
+    return [(key, path) for key, path in found if path]
+
+
 def run_dir(cfg: Config, now: float | None = None) -> Path:
     """LOG.BASE_PATH/EXP_NAME; EXP_NAME '' is BASE_PATH itself, 'use_time' the start time (now) as GluonCV names it."""
     log = cfg.CONFIG.LOG

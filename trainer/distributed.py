@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.config import Config, DDPConfig, check_runtime
+from trainer.heartbeat import start_heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +309,7 @@ def _run_worker(
 
 
 def _spawned(local_rank: int, plan: _Plan, worker_fn: WorkerFn, cfg: Config, failures: str) -> None:
+    start_heartbeat()
     if not plan.use_cuda:
         # N CPU workers share the cores; torch would otherwise start one thread per core in each of them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.per_node))
@@ -361,6 +363,7 @@ def launch(worker_fn: WorkerFn, cfg: Config, local_rank: int | None = None) -> N
     node's workers have finished; raises DistributedError (or the worker's own exception when it runs in this
     process) when one fails.
     """
+    start_heartbeat()
     check_runtime(cfg)
     cfg = _fix_run_name(cfg)
     if not cfg.DDP_CONFIG.DISTRIBUTED:
