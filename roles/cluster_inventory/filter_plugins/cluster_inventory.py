@@ -57,6 +57,14 @@ def resolve_address(value: str) -> str:
     return addresses[0]
 
 
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _gpus(value: Any) -> tuple[int | None, list[int] | None, str]:
     """(count, device ids or None, error) of an inventory ``gpus`` value (absent: count None)."""
     if value is None:
@@ -101,8 +109,9 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
 
     Each row: ``{name, ansible_host, cluster_ip, node_rank, gpus, ansible_port, ansible_user}`` (None = unset).
     Returns ``{nodes: {name: node}, order, root, user, errors}`` where a node is ``{name, rank, ssh_host, port,
-    ip, names, gpus, devices}``: ``ip`` the resolved cluster address, ``names`` every name and address peers may
-    use for it (known_hosts), ``gpus`` the count or None (ask nvidia-smi), ``devices`` the listed ids or None.
+    ip, names, addresses, gpus, devices}``: ``ip`` the resolved cluster address, ``names`` every name and address
+    peers may use for it (known_hosts, ssh config), ``addresses`` the IP addresses it connects from (authorized_keys
+    from=), ``gpus`` the count or None (ask nvidia-smi), ``devices`` the listed ids or None.
     """
     errors: list[str] = []
     if not rows:
@@ -126,6 +135,7 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
             errors.append(f"{name}: ansible_port {row.get('ansible_port')!r} is not a TCP port (1-65535)")
         nodes[name] = {"name": name, "ssh_host": ssh_host, "port": port or 22, "ip": ip,
                        "names": list(dict.fromkeys([name, ssh_host, given_ip, ip])),
+                       "addresses": list(dict.fromkeys(a for a in (ip, ssh_host) if _is_ip(a))),
                        "gpus": count, "devices": devices}
     by_ip: dict[str, list[str]] = {}
     for node in nodes.values():

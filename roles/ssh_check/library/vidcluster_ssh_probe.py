@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import socket
 import sys
 import time
@@ -26,10 +27,15 @@ DOCUMENTATION = r"""
 module: vidcluster_ssh_probe
 short_description: Probe SSH logins from this node to other nodes and classify failures
 description:
-  - Connects from the node it runs on to every target in parallel with paramiko, using one private key and the
-    user's known_hosts file with a reject policy (an unknown host key is a failure, never accepted).
+  - Connects from the node it runs on to every target with paramiko, using one private key and the user's
+    known_hosts file with a reject policy (an unknown host key is a failure, never accepted).
+  - Probes the targets in a rotated order starting after C(first) (each node starts with a different target), at
+    most C(workers) at a time, so every sshd sees about C(workers) new connections at once whatever the cluster size,
+    well below OpenSSH's default MaxStartups (10:30:100).
+  - A failure that can be passing (timeout, refused, unreachable, a reset) is tried once more after C(retry_pause)
+    seconds before it is reported. A login that works but takes more than C(slow) seconds is reported as C(slow).
   - Authenticates and runs C(true) on the target. Never changes anything; always reports C(changed=false).
-  - Each result carries a reason code (C(ok), C(timeout), C(unreachable), C(refused), C(unknown_host_key),
+  - Each result carries a reason code (C(ok), C(slow), C(timeout), C(unreachable), C(refused), C(unknown_host_key),
     C(changed_host_key), C(auth_refused), C(no_key), C(error)) and the exception text.
   - Needs paramiko in the interpreter that runs the module (the node's training environment has it).
 options:
@@ -68,9 +74,21 @@ options:
     type: float
     default: 10
   workers:
-    description: Parallel connections.
+    description: Connections at a time from this node.
     type: int
-    default: 16
+    default: 4
+  first:
+    description: Index in C(targets) of the first target to probe (the list is rotated to start there).
+    type: int
+    default: 0
+  retry_pause:
+    description: Seconds before a failure that can be passing is tried again (0 = no retry).
+    type: float
+    default: 2
+  slow:
+    description: Seconds above which a working login is reported as C(slow).
+    type: float
+    default: 5
 author:
   - VidCluster
 """
@@ -96,10 +114,11 @@ results:
   contains:
     name: {description: Target inventory name., type: str}
     host: {description: Address connected to., type: str}
-    ok: {description: Whether login and C(true) succeeded., type: bool}
-    reason: {description: Reason code (C(ok) on success)., type: str}
-    detail: {description: Exception text, empty on success., type: str}
-    seconds: {description: Time the probe took., type: float}
+    ok: {description: Whether login and C(true) succeeded (C(slow) ones too)., type: bool}
+    reason: {description: Reason code (C(ok) or C(slow) on success)., type: str}
+    detail: {description: Exception text (of the retry when there was one), empty on success., type: str}
+    seconds: {description: Time the (last) probe took., type: float}
+    attempts: {description: 1, or 2 when a passing failure was retried., type: int}
 """
 
 def classify(exc: BaseException) -> str:
@@ -124,7 +143,12 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
-def probe(target: dict[str, Any], user: str, pkey: paramiko.PKey, known_hosts: str, timeout: float) -> dict[str, Any]:
+# Failures that can be passing (a busy sshd dropping a connection, a slow network) get one more try.
+PASSING = ("timeout", "refused", "unreachable", "error")
+
+
+def probe_once(target: dict[str, Any], user: str, pkey: paramiko.PKey, known_hosts: str,
+               timeout: float) -> dict[str, Any]:
     start = time.monotonic()
     result = {"name": target["name"], "host": target["host"], "ok": False, "reason": "ok", "detail": ""}
     client = paramiko.SSHClient()
@@ -149,6 +173,29 @@ def probe(target: dict[str, Any], user: str, pkey: paramiko.PKey, known_hosts: s
     return result
 
 
+def probe(target: dict[str, Any], user: str, pkey: paramiko.PKey, known_hosts: str, timeout: float,
+          retry_pause: float, slow: float) -> dict[str, Any]:
+    """One pair: a try, and one more after a pause when the failure can be passing; 'slow' when it works slowly."""
+    result = probe_once(target, user, pkey, known_hosts, timeout)
+    attempts = 1
+    if result["reason"] in PASSING and retry_pause > 0:
+        time.sleep(retry_pause * random.uniform(1.0, 1.5))  # jitter: the retries of many nodes do not line up
+        result = probe_once(target, user, pkey, known_hosts, timeout)
+        attempts = 2
+    if result["ok"] and result["seconds"] > slow:
+        result.update(reason="slow", detail=f"login took {result['seconds']:.1f} s")
+    result["attempts"] = attempts
+    return result
+
+
+def rotated(targets: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+    """The targets starting at index ``first``: each node begins with a different peer."""
+    if not targets:
+        return []
+    first %= len(targets)
+    return targets[first:] + targets[:first]
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -161,7 +208,10 @@ def main() -> None:
             "key_file": {"type": "path", "required": True, "no_log": False},
             "known_hosts": {"type": "path", "default": "~/.ssh/known_hosts"},
             "timeout": {"type": "float", "default": 10.0},
-            "workers": {"type": "int", "default": 16},
+            "workers": {"type": "int", "default": 4},
+            "first": {"type": "int", "default": 0},
+            "retry_pause": {"type": "float", "default": 2.0},
+            "slow": {"type": "float", "default": 5.0},
         },
         supports_check_mode=True,
     )
@@ -177,10 +227,12 @@ def main() -> None:
         results = [{"name": t["name"], "host": t["host"], "ok": False, "reason": "no_key",
                     "detail": f"cannot load {params['key_file']}: {exc}", "seconds": 0.0} for t in params["targets"]]
         module.exit_json(changed=False, results=results)
+    order = rotated(params["targets"], params["first"])
     with ThreadPoolExecutor(max_workers=max(1, params["workers"])) as pool:
         results = list(pool.map(
-            lambda t: probe(t, params["user"], pkey, params["known_hosts"], params["timeout"]),
-            params["targets"]))
+            lambda t: probe(t, params["user"], pkey, params["known_hosts"], params["timeout"], params["retry_pause"],
+                            params["slow"]),
+            order))
     module.exit_json(changed=False, results=results)
 
 
