@@ -11,7 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,14 +41,29 @@ def run_playbook(path: str | Path, *args: str, inventory: Path | None = None, ch
     return proc
 
 
+def flat(text: str) -> str:
+    """Output with every run of whitespace made one space: Ansible folds long messages at any space."""
+    return " ".join(text.split())
+
+
 def recap(stdout: str) -> dict[str, dict[str, int]]:
     """PLAY RECAP counters per host: {'node0': {'ok': 3, 'changed': 0, 'unreachable': 0, 'failed': 0}}."""
     return {m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}
             for m in _RECAP.finditer(stdout)}
 
 
-def changed_total(stdout: str) -> int:
-    return sum(host["changed"] for host in recap(stdout).values())
+def recap_of(stdout: str, hosts: Iterable[str]) -> dict[str, dict[str, int]]:
+    """The PLAY RECAP counters of exactly these hosts; fails when one is missing (a regex that matched nothing must
+    not pass for 'nothing changed')."""
+    found = recap(stdout)
+    missing = [host for host in hosts if host not in found]
+    assert not missing, f"no PLAY RECAP line for {missing}:\n{stdout[-3000:]}"
+    return {host: found[host] for host in hosts}
+
+
+def changed_total(stdout: str, hosts: Iterable[str]) -> int:
+    """Changed results summed over these hosts, every one of which must be in the recap."""
+    return sum(counters["changed"] for counters in recap_of(stdout, hosts).values())
 
 
 @dataclass(frozen=True)
@@ -61,7 +76,9 @@ class Node:
 
     @property
     def home(self) -> Path:
-        return self.dir / "home"
+        """The node's home on the controller (one folder for every node of a cluster made with shared_home)."""
+        shared = self.dir.parent.parent / "shared-home"
+        return shared if shared.is_dir() else self.dir / "home"
 
     @property
     def sshd_pid(self) -> int:
@@ -89,11 +106,21 @@ class LocalCluster:
         """Run a command on a node as the login user, over ssh from the controller with verified host keys."""
         cmd = ["ssh", "-i", str(self.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                "-o", f"UserKnownHostsFile={self.state_dir / 'known_hosts'}", "-o", "ConnectTimeout=10",
-               f"{USER}@{node.ip}", command]
+               "-p", str(self.ssh_port), f"{USER}@{node.ip}", command]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=check)
 
-    def create(self, nodes: int) -> subprocess.CompletedProcess[str]:
-        proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}")
+    @property
+    def ssh_port(self) -> int:
+        match = re.search(r"ansible_port: (\d+)", self.inventory.read_text())
+        return int(match[1]) if match else 22
+
+    @property
+    def names(self) -> list[str]:
+        return [node.name for node in self.nodes]
+
+    def create(self, nodes: int, *extra: str) -> subprocess.CompletedProcess[str]:
+        """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml."""
+        proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}", *extra)
         hosts = _inventory_hosts(self.inventory)
         self.nodes = [Node(index=h["node_rank"], name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
                            dir=self.state_dir / "nodes" / str(i))
@@ -139,21 +166,50 @@ def force_delete(cluster_name: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def local_cluster() -> Iterator[Callable[[int], LocalCluster]]:
-    """Factory: ``local_cluster(nodes)`` builds a cluster with a unique name; every cluster it made is torn
-    down at the end of the session (call ``cluster.destroy()`` earlier to free it sooner)."""
+def local_cluster() -> Iterator[Callable[..., LocalCluster]]:
+    """Factory: ``local_cluster(nodes, *extra)`` builds a cluster with a unique name (``extra``: -e settings such as
+    ``shared_home=true``); every cluster it made is torn down at the end of the session (call
+    ``cluster.destroy()`` earlier to free it sooner)."""
     if os.geteuid() != 0:
         pytest.fail("the local test cluster needs root (network namespaces, sshd)")
     made: list[LocalCluster] = []
     suffixes = (f"{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in itertools.count())
 
-    def make(nodes: int) -> LocalCluster:
+    def make(nodes: int, *extra: str) -> LocalCluster:
         name = f"t{os.getpid() % 10000}{next(suffixes)}"
         cluster = LocalCluster(name=name, state_dir=STATE_ROOT / name)
         made.append(cluster)
-        cluster.create(nodes)
+        cluster.create(nodes, *extra)
         return cluster
 
     yield make
     for cluster in made:
         cluster.destroy()
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Pids on this machine (every node's processes are here, in their namespaces) that belong to the job."""
+    marker = f"/vidcluster/jobs/{job_id}/".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(var.startswith(b"VIDCLUSTER_JOB_DIR=") and marker in var for var in env):
+                found.append(int(entry.name))
+    return found
+
+
+def node_job_dir(node: Node, job_id: str) -> Path:
+    """The node's own folder of a job, as the controller sees it."""
+    return node.home / "vidcluster" / "jobs" / job_id / node.name
+
+
+@pytest.fixture(scope="session")
+def private_cluster(local_cluster: Callable[..., LocalCluster]) -> tuple[LocalCluster, str]:
+    """3 nodes with private homes after one whole setup-cluster.yml run, and that run's output. Shared by the SSH mesh
+    tests and the private-home launch tests, which put back whatever they break."""
+    cluster = local_cluster(3)
+    return cluster, cluster.playbook("setup-cluster.yml").stdout

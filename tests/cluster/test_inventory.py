@@ -1,43 +1,120 @@
-"""playbooks/validate-inventory.yml: the inventory contract is checked before any node is touched."""
+"""The inventory contract (roles/cluster_inventory): one check, run by every playbook before any node is touched.
+
+Inventories here name hosts on loopback addresses (127.0.0.x): should a check wrongly pass and a playbook try to
+connect, nothing but this machine is reached.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cluster.conftest import REPO, run_playbook
 
-PLAYBOOK = REPO / "playbooks" / "validate-inventory.yml"
+VALIDATE = REPO / "playbooks" / "validate-inventory.yml"
+_spec = importlib.util.spec_from_file_location(
+    "cluster_inventory", REPO / "roles" / "cluster_inventory" / "filter_plugins" / "cluster_inventory.py"
+)
+assert _spec is not None and _spec.loader is not None
+contract_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(contract_module)
+cluster_contract = contract_module.cluster_contract
+
+
+def inventory(tmp_path: Path, hosts: dict[str, str], group_vars: str = "ansible_user: trainer") -> Path:
+    path = tmp_path / "hosts.yml"
+    lines = ["all:", "  children:", "    trainers:", "      hosts:"]
+    lines += [f"        {name}: {spec}" for name, spec in hosts.items()]
+    lines += ["      vars:", f"        {group_vars}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def row(name: str, **given: Any) -> dict[str, Any]:
+    return {"name": name, "ansible_host": None, "cluster_ip": None, "node_rank": None, "gpus": None,
+            "ansible_port": None, "ansible_user": "trainer", **given}
 
 
 def test_sample_inventory_is_valid() -> None:
-    run_playbook(PLAYBOOK, inventory=REPO / "inventory" / "sample" / "hosts.yml")
+    run_playbook(VALIDATE, inventory=REPO / "inventory" / "sample" / "hosts.yml")
 
 
 @pytest.mark.parametrize(
-    ("host_b", "message"),
+    ("hosts", "group_vars", "message"),
     [
-        ("{ansible_host: 192.0.2.11, cluster_ip: 192.0.2.10, node_rank: 1}", "192.0.2.10 is used by a, b"),
-        ("{ansible_host: 192.0.2.11, node_rank: 2}", "a=0, b=2"),
+        ({"a": "{ansible_host: 127.0.0.2}", "b": "{ansible_host: 127.0.0.3, cluster_ip: 127.0.0.2}"},
+         "ansible_user: trainer", "cluster address 127.0.0.2 is used by a, b"),
+        ({"a": "{ansible_host: 127.0.0.2, node_rank: 0}", "b": "{ansible_host: 127.0.0.3, node_rank: 2}"},
+         "ansible_user: trainer", "node_rank must number the nodes 0..1, each once; got a=0, b=2"),
+        ({"a": "{ansible_host: 127.0.0.2, node_rank: 0}", "b": "{ansible_host: 127.0.0.3}"},
+         "ansible_user: trainer", "node_rank is set for some nodes but not for b"),
+        ({"a": "{ansible_host: 127.0.0.2}", "b": "{ansible_host: 127.0.0.3, cluster_ip: no-such-node.invalid}"},
+         "ansible_user: trainer",
+         "b: cluster_ip (default ansible_host) 'no-such-node.invalid' is not an IP address and does not resolve"),
+        ({"a": "{ansible_host: 127.0.0.2}", "b": "{ansible_host: 127.0.0.3}"},
+         "ansible_user: root", "ansible_user is root"),
+        ({"a": "{ansible_host: 127.0.0.2, ansible_user: alice}", "b": "{ansible_host: 127.0.0.3, ansible_user: bob}"},
+         "ansible_port: 22", "ansible_user differs between nodes (a=alice, b=bob)"),
+        ({"a": "{ansible_host: 127.0.0.2, gpus: [0, 0]}", "b": "{ansible_host: 127.0.0.3, gpus: 2}"},
+         "ansible_user: trainer", "a: gpus [0, 0] is not a list of distinct device ids"),
+        ({"a": "{ansible_host: 127.0.0.2, gpus: eight}", "b": "{ansible_host: 127.0.0.3}"},
+         "ansible_user: trainer", "a: gpus 'eight' is neither a GPU count nor a list of device ids"),
+        ({"a": "{ansible_host: 127.0.0.2, ansible_port: 70000}", "b": "{ansible_host: 127.0.0.3}"},
+         "ansible_user: trainer", "a: ansible_port 70000 is not a TCP port"),
     ],
-    ids=["duplicate-address", "rank-gap"],
+    ids=["duplicate-address", "rank-gap", "rank-some", "dns-unresolvable", "root-user", "user-differs",
+         "gpus-duplicate-ids", "gpus-word", "port-out-of-range"],
 )
-def test_duplicate_address_and_bad_ranks_are_named(tmp_path: Path, host_b: str, message: str) -> None:
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  children:\n    trainers:\n      hosts:\n"
-        "        a: {ansible_host: 192.0.2.10, node_rank: 0}\n"
-        f"        b: {host_b}\n"
-    )
-    proc = run_playbook(PLAYBOOK, inventory=inventory, check=False)
+def test_each_broken_rule_is_named(tmp_path: Path, hosts: dict[str, str], group_vars: str, message: str) -> None:
+    proc = run_playbook(VALIDATE, inventory=inventory(tmp_path, hosts, group_vars), check=False)
     assert proc.returncode != 0
-    assert message in proc.stdout
+    assert message in proc.stdout, proc.stdout[-3000:]
+    assert "breaks the contract of inventory/README.md" in proc.stdout
 
 
 def test_empty_trainers_group_fails_clearly(tmp_path: Path) -> None:
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text("all:\n  hosts:\n    other: {ansible_host: 192.0.2.20}\n")
-    proc = run_playbook(PLAYBOOK, inventory=inventory, check=False)
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    other: {ansible_host: 127.0.0.20}\n")
+    proc = run_playbook(VALIDATE, inventory=path, check=False)
     assert proc.returncode != 0
     assert "no hosts in the group 'trainers'" in proc.stdout
+
+
+def test_ansible_version_window_is_checked(tmp_path: Path) -> None:
+    path = inventory(tmp_path, {"a": "{ansible_host: 127.0.0.2}"})
+    proc = run_playbook(VALIDATE, "-e", "cluster_inventory_ansible_max=2.10", inventory=path, check=False)
+    assert proc.returncode != 0
+    assert "is outside the tested window 2.17 <= version < 2.10" in proc.stdout
+
+
+def test_dns_name_is_resolved_once_and_mixed_gpu_forms_count_alike() -> None:
+    layout = cluster_contract([
+        row("a", ansible_host="127.0.0.2", gpus=[2, 3], node_rank=1),
+        row("b", ansible_host="127.0.0.3", cluster_ip="localhost", gpus="2", node_rank=0, ansible_port=2222),
+    ])
+    assert layout["errors"] == []
+    assert layout["order"] == ["b", "a"] and layout["root"] == "b"
+    a, b = layout["nodes"]["a"], layout["nodes"]["b"]
+    assert (a["gpus"], a["devices"], b["gpus"], b["devices"]) == (2, [2, 3], 2, None)
+    # The name is resolved on the controller: the address is what from= and the rendezvous use.
+    assert b["ip"] == "127.0.0.1"
+    assert b["addresses"] == ["127.0.0.1", "127.0.0.3"]
+    assert b["names"] == ["b", "127.0.0.3", "localhost", "127.0.0.1"]
+    assert (a["port"], b["port"]) == (22, 2222)
+
+
+@pytest.mark.parametrize("playbook", ["setup-cluster.yml", "launch-training.yml", "stop-training.yml",
+                                      "training-status.yml", "playbooks/stage-data.yml"])
+def test_every_playbook_checks_the_contract_before_touching_a_node(tmp_path: Path, playbook: str) -> None:
+    path = inventory(tmp_path, {"a": "{ansible_host: 127.0.0.2}", "b": "{ansible_host: 127.0.0.3, "
+                                "cluster_ip: 127.0.0.2}"})
+    proc = run_playbook(playbook, "-e", "config=i3d_cpu_test", "-e", "src=/tmp", "-e", "dest=x", inventory=path,
+                        check=False)
+    assert proc.returncode != 0
+    assert "cluster address 127.0.0.2 is used by a, b" in proc.stdout, proc.stdout[-3000:]
+    # It stopped on the controller: no task ran on a node (not even fact gathering).
+    assert "Gathering Facts" not in proc.stdout
+    assert "UNREACHABLE" not in proc.stdout

@@ -1,6 +1,7 @@
 """setup-cluster.yml on a fresh 3-node local cluster, run whole as a user would: the SSH key mesh, the environment
-step, idempotence, and the all-pairs check's classified failures (sshd down, lost authorized key, changed host key)
-and key rotation.
+step, idempotence, key rotation, and the all-pairs check's classified failures, each produced for real and reported
+with its hint: timeout (a frozen sshd), unreachable (a node's link down), refused (sshd down), unknown host key,
+changed host key, authentication refused (a lost authorized key) and no key.
 
 The local nodes come with the repository's .venv pre-installed read-only at /opt/vidcluster/venv (their inventory
 says so, with python_env_shared_fs: true), so the environment step finds the pinned versions, verifies and compares
@@ -9,17 +10,22 @@ that differs are tested in test_environment.py."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.cluster.conftest import CLUSTER_PLAYBOOK, LocalCluster, Node, changed_total, run_playbook
+from tests.cluster.conftest import CLUSTER_PLAYBOOK, REPO, LocalCluster, Node, changed_total, run_playbook
 
 PAIR = re.compile(r"(\S+) -> (\S+): (\w+) \(")
+# Short timeouts: a frozen sshd is reported after two tries of 3 s.
+FAST_CHECK = ("-e", "ssh_check_timeout=3", "-e", "ssh_check_retry_pause=1")
+HINTS = yaml.safe_load((REPO / "roles" / "ssh_check" / "vars" / "main.yml").read_text())["__ssh_check_hints"]
 
 
 def setup_cluster(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -59,11 +65,8 @@ def stop_sshd(node: Node) -> None:
 
 
 @pytest.fixture(scope="module")
-def mesh(local_cluster: Callable[[int], LocalCluster]) -> Iterator[tuple[LocalCluster, str]]:
-    cluster = local_cluster(3)
-    first = setup_cluster(cluster)
-    yield cluster, first.stdout
-    cluster.destroy()
+def mesh(private_cluster: tuple[LocalCluster, str]) -> tuple[LocalCluster, str]:
+    return private_cluster
 
 
 def test_plain_openssh_from_every_node_to_every_node(mesh: tuple[LocalCluster, str]) -> None:
@@ -95,7 +98,7 @@ def test_environment_step_verifies_the_preinstalled_environment(mesh: tuple[Loca
 
 def test_second_run_changes_nothing(mesh: tuple[LocalCluster, str]) -> None:
     cluster, _ = mesh
-    assert changed_total(setup_cluster(cluster).stdout) == 0
+    assert changed_total(setup_cluster(cluster).stdout, ["localhost", *cluster.names]) == 0
 
 
 def test_keys_installed_once_with_right_modes(mesh: tuple[LocalCluster, str]) -> None:
@@ -116,34 +119,73 @@ def test_keys_installed_once_with_right_modes(mesh: tuple[LocalCluster, str]) ->
         assert any("local-cluster-controller" in line for line in lines)  # the user's other keys stay
 
 
+def assert_reported(proc: subprocess.CompletedProcess[str], expected: dict[tuple[str, str], str]) -> None:
+    """The check failed naming exactly these broken pairs, each reason with its hint."""
+    assert proc.returncode != 0
+    assert broken_pairs(proc.stdout) == expected, proc.stdout[-4000:]
+    for reason in set(expected.values()):
+        assert f": {reason} ({HINTS[reason]}" in proc.stdout.replace("\n", " "), (reason, proc.stdout[-3000:])
+
+
 def test_sshd_down_is_reported_as_refused(mesh: tuple[LocalCluster, str]) -> None:
     cluster, _ = mesh
     down = cluster.nodes[2]
-    stop_sshd(down)
+    cluster.playbook("playbooks/ssh-check.yml", "--limit", down.name, check=False)  # keep the controller's connection
+    stop_sshd(down)  # the listener: node2 refuses new connections, the controller's open one stays
     try:
         proc = ssh_check(cluster, via_setup_tag=True)
     finally:
         restart_sshd(cluster)
-    assert proc.returncode != 0
-    pairs = broken_pairs(proc.stdout)
-    for src in cluster.nodes[:2]:
-        assert pairs[(src.name, down.name)] == "refused", proc.stdout[-3000:]
-    assert not [p for p in pairs if down.name not in p], pairs
+    assert_reported(proc, {(src.name, down.name): "refused" for src in cluster.nodes})
 
 
-def test_lost_authorized_key_names_exactly_the_pairs_into_that_node(mesh: tuple[LocalCluster, str]) -> None:
+def test_frozen_sshd_lost_key_and_unknown_host_key_are_told_apart(mesh: tuple[LocalCluster, str]) -> None:
     cluster, _ = mesh
-    victim = cluster.nodes[1]
-    auth = victim.home / ".ssh" / "authorized_keys"
+    node0, node1, node2 = cluster.nodes
+    # node0 forgets node1's host key; node1 loses the cluster key; node2's sshd freezes (it accepts connections, as
+    # the kernel does for a stopped process, but never answers). The controller keeps its open connection to node2.
+    known = node0.home / ".ssh" / "known_hosts"
+    known.write_text("".join(line for line in known.read_text().splitlines(keepends=True)
+                             if "vidcluster-node:node1" not in line))
+    (node1.home / ".ssh" / "vidcluster_rsa").unlink()
+    cluster.playbook("playbooks/ssh-check.yml", "--limit", "node2", check=False)  # keep the controller's connection
+    os.kill(node2.sshd_pid, signal.SIGSTOP)
+    try:
+        proc = cluster.playbook("playbooks/ssh-check.yml", *FAST_CHECK, check=False)
+    finally:
+        os.kill(node2.sshd_pid, signal.SIGCONT)
+    assert_reported(proc, {
+        ("node0", "node1"): "unknown_host_key", ("node0", "node2"): "timeout",
+        ("node1", "node0"): "no_key", ("node1", "node1"): "no_key", ("node1", "node2"): "no_key",
+        ("node2", "node2"): "timeout",
+    })  # fmt: skip
+    assert "needed a second try" in proc.stdout
+    setup_cluster(cluster, "--tags", "keys,trust")  # puts the key and the host key back
+    assert ssh_check(cluster).returncode == 0
+
+
+def test_link_down_and_lost_authorized_key_name_exactly_the_pairs_into_those_nodes(
+    mesh: tuple[LocalCluster, str],
+) -> None:
+    cluster, _ = mesh
+    _, node1, node2 = cluster.nodes
+    auth = node1.home / ".ssh" / "authorized_keys"
     pub = cluster_pubkey(cluster)
     auth.write_text("".join(line + "\n" for line in auth.read_text().splitlines() if pub not in line))
-    proc = ssh_check(cluster)
-    assert proc.returncode != 0
-    expected = {(n.name, victim.name): "auth_refused" for n in cluster.nodes}
-    assert broken_pairs(proc.stdout) == expected, proc.stdout[-3000:]
-    # The trust step puts it back.
-    setup_cluster(cluster, "--tags", "trust")
+    subprocess.run(["ip", "-n", node2.netns, "link", "set", "eth0", "down"], check=True)
+    try:
+        proc = cluster.playbook("playbooks/ssh-check.yml", *FAST_CHECK, check=False)
+    finally:
+        subprocess.run(["ip", "-n", node2.netns, "link", "set", "eth0", "up"], check=True)
+    # node2 cannot be reached by anyone, the controller included: its own row was never probed.
+    assert_reported(proc, {
+        ("node0", "node1"): "auth_refused", ("node0", "node2"): "unreachable",
+        ("node1", "node1"): "auth_refused", ("node1", "node2"): "unreachable",
+        ("node2", "node0"): "not_run", ("node2", "node1"): "not_run", ("node2", "node2"): "not_run",
+    })  # fmt: skip
+    setup_cluster(cluster, "--tags", "trust")  # the trust step puts the key back
     assert sum(pub in line for line in auth.read_text().splitlines()) == 1
+    assert ssh_check(cluster).returncode == 0
 
 
 def test_changed_host_key_is_reported_and_never_accepted(mesh: tuple[LocalCluster, str]) -> None:

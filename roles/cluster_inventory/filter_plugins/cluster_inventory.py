@@ -9,8 +9,8 @@ sentence naming the node and the variable. Rules (inventory/README.md explains t
   a name that does not resolve is refused. Every node has its own address.
 - ``node_rank`` is given for every node or for none, as 0..N-1 each once; none means inventory order.
 - ``gpus`` is absent (launch-training.yml asks nvidia-smi), a count (0 = CPU node), or a list of distinct device
-  ids for CUDA_VISIBLE_DEVICES; its GPU count is the count or the list's length. Nodes that give it use the same
-  count (the trainer starts the same number of workers everywhere).
+  ids for CUDA_VISIBLE_DEVICES; its GPU count is the count or the list's length. (That every node of a job has the
+  same count is the trainer's rule: `python -m trainer.node_config` checks it with the counts the launch found.)
 - ``ansible_port`` is a TCP port (default 22); node-to-node SSH (known_hosts, the check) uses it too.
 - ``ansible_user`` is the same on every node (unset = the controller's user) and not root: the cluster key lets
   every node log in to every other as that user.
@@ -143,11 +143,6 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
     for ip, holders in by_ip.items():
         if len(holders) > 1:
             errors.append(f"cluster address {ip} is used by {', '.join(holders)}; every node needs its own cluster_ip")
-    counts = {name: node["gpus"] for name, node in nodes.items() if node["gpus"] is not None}
-    if len(set(counts.values())) > 1:
-        listed = ", ".join(f"{name}={count}" for name, count in counts.items())
-        errors.append(f"nodes use different numbers of GPUs ({listed}); the trainer starts the same number of "
-                      "workers on every node, so give every node the same gpus (a count, or a list of device ids)")
     users = {str(row["name"]): str(row.get("ansible_user") or controller_user or getpass.getuser()) for row in rows}
     if len(set(users.values())) > 1:
         listed = ", ".join(f"{name}={user}" for name, user in users.items())

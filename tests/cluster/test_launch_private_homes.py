@@ -1,0 +1,116 @@
+"""launch-training.yml on 3 nodes with private homes (the cluster the SSH mesh tests use): a dataset path missing on one
+node, 3 nodes x 2 gloo workers writing their run where the config's LOG.BASE_PATH says (in the rank-0 node's home),
+and a relaunch that resumes from there after re-shipping the trainer code to the one node whose copy differs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, changed_total, flat, job_processes, node_job_dir
+
+CONFIG = "i3d_cpu_test"
+LAUNCH_ARGS = ("-e", "ddp_launch_poll_seconds=2", "-e", "ddp_launch_omp_num_threads=1", "-e", "master_port=auto",
+               "-e", "ddp_launch_follow_hours=0.25")  # fmt: skip
+# The config's run location, "~" being the cluster user's home on the rank-0 node; EXP_NAME use_time = the job id.
+SCRATCH = {"CONFIG": {"LOG": {"BASE_PATH": "~/scratch/exps", "EXP_NAME": "use_time"}}}
+
+
+@pytest.fixture(scope="module")
+def cluster(private_cluster: tuple[LocalCluster, str], tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
+    cluster, _ = private_cluster
+    data = tmp_path_factory.mktemp("data") / "vidcluster-test"
+    subprocess.run(
+        [str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes", "left", "right",
+         "--train-per-class", "6", "--val-per-class", "2", "--size", "32", "--frames", "16"],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    staged = cluster.playbook("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
+    assert "No node shares" in flat(staged.stdout)  # private homes: each node unpacks its own copy
+    return cluster
+
+
+def launch(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return cluster.playbook("launch-training.yml", *LAUNCH_ARGS, *args, check=check)
+
+
+def test_dataset_path_missing_on_one_node_fails_before_anything_starts(cluster: LocalCluster) -> None:
+    node1 = cluster.nodes[1]
+    job = f"{cluster.name}-nodata"
+    data = node1.home / "data" / "vidcluster-test"
+    data.rename(data.with_name("vidcluster-test-away"))
+    try:
+        proc = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", check=False)
+    finally:
+        data.with_name("vidcluster-test-away").rename(data)
+    assert proc.returncode != 0
+    assert "node1 lacks the dataset path(s) of i3d_cpu_test.yaml" in flat(proc.stdout), proc.stdout[-3000:]
+    assert "CONFIG.DATA.TRAIN_ANNO_PATH = /home/vctrain/data/vidcluster-test/train.txt" in flat(proc.stdout)
+    assert "node0 lacks" not in proc.stdout and "node2 lacks" not in proc.stdout
+    assert job_processes(job) == []
+    assert not any((node_job_dir(node, job) / "train.pid").exists() for node in cluster.nodes)
+
+
+def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: LocalCluster) -> None:
+    node0, node1, node2 = cluster.nodes
+    job = f"{cluster.name}-scratch"
+    overrides = {"ddp_config_overrides": {**SCRATCH, "CONFIG": {**SCRATCH["CONFIG"], "TRAIN": {"EPOCH_NUM": 2}}}}
+    # The interface comes from the gathered facts here (the local inventory names it; "" makes the role look).
+    proc = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "ddp_config_cpu_workers=2",
+                  "-e", "vidcluster_network_interface=", "-e", json.dumps(overrides))  # fmt: skip
+    assert "6 process(es), gloo" in flat(proc.stdout)
+    run = f"/home/vctrain/scratch/exps/{job}"
+    assert f"Run directory (checkpoints) on node0: {run}" in flat(proc.stdout)
+    assert f"Checkpoints: node0:{run}/checkpoints/ (best.pth, epoch_0001.pth, epoch_0002.pth)" in flat(proc.stdout)
+    results = REPO / "runs" / job
+    assert "world size 6 (3 node(s) x 2 worker(s)" in (results / "log.txt").read_text()
+    digest = json.loads((results / "weights_digest.json").read_text())
+    assert digest["world_size"] == 6 and len(set(digest["digests"])) == 1 and digest["identical"], digest
+    # Only in the rank-0 node's home; the job folders hold no run at all.
+    assert sorted(p.name for p in (node0.home / "scratch" / "exps" / job / "checkpoints").iterdir()) == [
+        "best.pth", "epoch_0001.pth", "epoch_0002.pth"]
+    for node in (node1, node2):
+        assert not (node.home / "scratch").exists()
+    for node in cluster.nodes:
+        assert list((node.home / "vidcluster" / "jobs" / job).rglob("*.pth")) == []
+    rendered = (results / "nodes" / "node2.yaml").read_text()
+    assert re.search(r"^  WORLD_RANK: 2$", rendered, re.M) and re.search(r"^  AUTO_RANK_MATCH: false$", rendered, re.M)
+    job_json = json.loads((node_job_dir(node2, job) / "job.json").read_text())
+    assert job_json["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+    # The role's node configs are the trainer's own output for the same job description, byte for byte.
+    out = results / "rerendered"
+    subprocess.run([str(VENV_BIN / "python"), "-m", "trainer.node_config", "--config-file",
+                    str(REPO / "configs" / f"{CONFIG}.yaml"), "--job", str(results / "job.json"), "--out-dir",
+                    str(out)], cwd=REPO, check=True, capture_output=True, text=True)  # fmt: skip
+    for node in cluster.nodes:
+        assert (out / f"{node.name}.yaml").read_bytes() == (results / "nodes" / f"{node.name}.yaml").read_bytes()
+
+    # node1's copy of the trainer drifts; a relaunch with one more epoch ships the code to node1 alone and resumes
+    # from the checkpoint in ~/scratch on node0.
+    code = node_job_dir(node1, job) / "code" / "trainer" / "engine.py"
+    code.write_text(code.read_text() + "\n# drift\n")
+    overrides["ddp_config_overrides"]["CONFIG"]["TRAIN"]["EPOCH_NUM"] = 3
+    again = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "ddp_config_cpu_workers=2",
+                   "-e", "vidcluster_network_interface=", "-e", json.dumps(overrides))  # fmt: skip
+    task = "TASK [ddp_launch : Unpack the trainer archive on the node]"
+    unpack = again.stdout.split(task, 1)[1].split("TASK [", 1)[0]
+    assert "changed: [node1]" in unpack and "node0" not in unpack.replace("skipping: [node0]", "")
+    assert "# drift" not in code.read_text()
+    log = (results / "log.txt").read_text()
+    assert f"resumed from {run}/checkpoints/epoch_0002.pth at epoch 2" in log
+    assert [json.loads(line)["epoch"] for line in (results / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert job_processes(job) == []
+    stop = cluster.playbook("stop-training.yml", "-e", f"job_id={job}")
+    assert changed_total(stop.stdout, cluster.names) == 0 and flat(stop.stdout).count("nothing to stop") == 3
+
+
+def test_training_status_without_a_job_lists_every_job_of_every_node(cluster: LocalCluster) -> None:
+    status = cluster.playbook("training-status.yml")
+    for node in cluster.nodes:
+        block = status.stdout.split(f"ok: [{node.name}] =>", 1)[1].split("ok: [", 1)[0]
+        assert f"{cluster.name}-scratch: finished (exit status 0)" in block, block
+    assert Path(REPO / "runs" / f"{cluster.name}-scratch" / "curves.png").stat().st_size > 0
