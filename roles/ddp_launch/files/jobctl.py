@@ -291,6 +291,7 @@ class Supervisor:
         self.watch = Watch([str(n) for n in self.spec["nodes"]])
         self.peers: dict[str, socket.socket] = {}
         self.stop_reason: str | None = None
+        self.verdict: str | None = None  # rank 0's word on how the job failed, once it has decided
         self.trainer: subprocess.Popen[bytes] | None = None
         self.rc: int | None = None
         self.ended_at: float | None = None
@@ -379,8 +380,9 @@ class Supervisor:
                     failure = message.get("failure")
                     if failure:
                         self.watch.fail(node, failure["kind"], failure["reason"], failure.get("at"))
-                    # Every report is answered, so the other side knows rank 0 is alive.
-                    send(conn, {"stop": self.stop_reason} if self.stop_reason else {"ok": True})
+                    # Every report is answered, so the other side knows rank 0 is alive (and, once decided, how the
+                    # job failed).
+                    send(conn, {"stop": self.verdict} if self.verdict else {"ok": True})
             except OSError:
                 pass
         if node is not None and self.peers.get(node) is conn:
@@ -400,15 +402,13 @@ class Supervisor:
             if node != self.node:
                 self.watch.fail(node, "lost", reason)
         first = self.watch.first()
-        if first is not None and self.stop_reason is None:
+        if first is not None and self.verdict is None:
             time.sleep(min(3.0, self.interval))  # let the causes arrive before naming the first one
             first = self.watch.first() or first
-            reason = f"{first['node']} failed first: {first['reason']}"
-            self.broadcast_stop(reason)
+            self.verdict = f"{first['node']} failed first: {first['reason']}"
+            self.broadcast_stop(self.verdict)
             if self.rc is None:
-                self.stop_trainer(reason)
-            else:
-                self.stop_reason = reason
+                self.stop_trainer(self.verdict)
         snapshot = self.watch.snapshot()
         snapshot["nodes"][self.node].update(state="running" if self.rc is None else "exited", rc=self.rc,
                                             heard_ago=0.0)
@@ -466,17 +466,37 @@ class Supervisor:
                     for message in lines(conn):
                         last_contact = time.time()
                         if message.get("stop"):
-                            self.stop_trainer(str(message["stop"]))
+                            self.verdict = str(message["stop"])
+                            if self.rc is None:
+                                self.stop_trainer(self.verdict)
                 except OSError:
                     pass
                 self.peers.pop("root", None)
                 with contextlib.suppress(OSError):
                     conn.close()
-            if self.rc is not None:
-                return  # our trainer has ended: rank 0 going away is no news
+            if self.rc is not None and self.verdict is not None:
+                return  # our trainer has ended and rank 0 has said how the job ended: it may go away now
             if time.time() - last_contact > self.timeout and self.stop_reason is None:
                 self.stop_trainer(f"lost contact with the rank-0 node ({self.root_watch}) for {self.timeout:.0f} s")
             self.done.wait(self.interval)
+
+    def await_verdict(self) -> None:
+        """Our trainer has ended. If it failed, rank 0 may already know that another node failed first (our trainer
+        only lost its peers): wait a little for that word, so this node's log and state say what really happened."""
+        deadline = time.time() + (0.0 if self.rc == 0 else self.interval * 2 + 5)
+        self.report()
+        while self.verdict is None and time.time() < deadline:
+            time.sleep(0.5)
+            self.report()
+
+    def record_verdict(self) -> None:
+        """Log how the job ended; a trainer that ended because another node failed first was stopped by that."""
+        reason = self.verdict
+        if not reason:
+            return
+        say(f"the job failed: {reason}")
+        if self.rc not in (None, 0) and not reason.startswith(f"{self.node} failed") and self.stop_reason is None:
+            write_json(self.job / STOP_FILE, {"by": "watch", "reason": reason, "at": time.time()})
 
     def keepalive(self) -> None:
         while not self.done.is_set():
@@ -508,12 +528,13 @@ class Supervisor:
                 if self.hub_finished():
                     break
             elif self.rc is not None:
-                self.report()
+                self.await_verdict()
                 break
             time.sleep(min(1.0, self.interval / 2))
         if self.rank == 0:
             self.record_in_status()
             self.hub_round()
+        self.record_verdict()
         self.done.set()
         if server is not None:
             server.close()
