@@ -288,6 +288,30 @@ class DataConfig(_Section):
         description="Training short side is drawn from SHORT_SIDE_SIZE x [lo, hi] (PySlowFast's 256-320).",
     )
 
+    MEAN: list[float] = Field(
+        default_factory=list,
+        description="Per-channel (RGB) mean subtracted from frames scaled to [0, 1]; [] = what the initial "
+        "weights expect (0.45 for PySlowFast/pytorchvideo, torchvision's own, else ImageNet's).",
+    )
+    STD: list[float] = Field(
+        default_factory=list,
+        description="Per-channel (RGB) standard deviation frames are divided by; [] = follows the weights, as MEAN.",
+    )
+
+    @field_validator("MEAN", "STD")
+    @classmethod
+    def _per_channel(cls, value: list[float]) -> list[float]:
+        if value and (len(value) != 3 or min(value) < 0):
+            raise ValueError("needs three non-negative values (R, G, B), or [] to follow the weights")
+        return value
+
+    @field_validator("STD")
+    @classmethod
+    def _positive_std(cls, value: list[float]) -> list[float]:
+        if value and min(value) == 0:
+            raise ValueError("a standard deviation of 0 would divide by zero")
+        return value
+
     @field_validator("SCALE_JITTER")
     @classmethod
     def _jitter_range(cls, value: tuple[float, float]) -> tuple[float, float]:
@@ -298,9 +322,26 @@ class DataConfig(_Section):
 
 class ModelConfig(_Section):
     NAME: str = Field("", description="Model name in the registry (GluonCV names are aliases).")
-    LOAD: bool = Field(False, description="Load weights from PRETRAINED_PATH before training (fine-tuning).")
-    PRETRAINED_PATH: UserPath = Field("", description="Local checkpoint file to load when LOAD is True.")
-    PRETRAINED: bool = Field(False, description="Use the model zoo's trained weights (GluonCV meaning).")
+    LOAD: bool = Field(
+        False,
+        description="Start from the weights file PRETRAINED_PATH (ours, PySlowFast .pyth/.pkl, pytorchvideo, "
+        "GluonCV or torchvision; detected from the file).",
+    )
+    PRETRAINED_PATH: UserPath = Field(
+        "",
+        description="With LOAD: the weights file. With PRETRAINED: a local copy of the published file "
+        "(default: the fetch-weights cache).",
+    )
+    PRETRAINED: bool = Field(
+        False,
+        description="Start from the published Kinetics-400 weights of NAME (GluonCV meaning), fetched beforehand "
+        "with 'python -m trainer fetch-weights NAME'.",
+    )
+    PARTIAL_LOAD: bool = Field(
+        False,
+        description="Allow initial weights that do not cover the whole model (the rest stays randomly "
+        "initialised); False makes that an error. A classifier of another size is always re-initialised.",
+    )
     PRETRAINED_BASE: bool = Field(
         True, description="Use a pretrained backbone where the model supports it (GluonCV meaning)."
     )
@@ -308,6 +349,15 @@ class ModelConfig(_Section):
     PARTIAL_BN: bool = Field(False, description="Train only the first BatchNorm layer (partial BN).")
     BN_FROZEN: bool = Field(False, description="Freeze BatchNorm parameters.")
     USE_AFFINE: bool = Field(False, description="Use affine BatchNorm parameters in the GluonCV models that offer it.")
+
+    @model_validator(mode="after")
+    def _one_source_of_weights(self) -> ModelConfig:
+        if self.LOAD and self.PRETRAINED:
+            raise _ddp_error("LOAD", "is True and so is PRETRAINED; keep one: LOAD starts from the file "
+                             "PRETRAINED_PATH, PRETRAINED from the published weights of NAME")
+        if self.LOAD and not self.PRETRAINED_PATH:
+            raise _ddp_error("PRETRAINED_PATH", "is empty but LOAD is True; name the weights file to start from")
+        return self
 
 
 class LogConfig(_Section):

@@ -35,7 +35,10 @@ def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
     data = cfg.CONFIG.DATA
     model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=data.NUM_CLASSES)
     path = ckpt or checkpoint.find_eval_checkpoint(out / cfg.CONFIG.LOG.SAVE_DIR)
-    checkpoint.load_model_weights(model, path)
+    checkpoint.load_model_weights(model, path, cfg.CONFIG.MODEL.NAME)
+    recorded = checkpoint.read_checkpoint(path).get("inference")
+    if recorded and not data.MEAN:  # normalisation left to the weights: what the model was trained with
+        data.MEAN, data.STD = recorded["clip"]["mean"], recorded["clip"]["std"]
     model.to(ctx.device)
     dataset = build_dataset(cfg, "test")
     num_views = data.TEST_NUM_SEGMENT * data.TEST_NUM_CROP

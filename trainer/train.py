@@ -36,9 +36,11 @@ from trainer.config import Config, ConfigError, dump_config, load_config, run_di
 from trainer.data import build_dataset, build_loader
 from trainer.distributed import DistContext, add_launcher_args, all_gather_object, broadcast_buffers, launch
 from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
-from trainer.models import build_model, load_finetune
+from trainer.models import build_model
 from trainer.reporting import Reporter, setup_logging
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
+from trainer.weights import WeightsError, load_weights
+from trainer.weights.pretrained import initial_weights, initialise, resolve_normalisation
 
 log = logging.getLogger("trainer")
 
@@ -75,15 +77,15 @@ class Run:
     val_loader: object
     state: TrainState
     reporter: Reporter
+    inference: dict[str, object]  # stored in every checkpoint (checkpoint.inference_info)
 
 
 def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
-    """Model by name, optional fine-tuning weights, SyncBN; on ``ctx.device``, not yet wrapped in DDP."""
-    model_cfg = cfg.CONFIG.MODEL
-    model = build_model(model_cfg.NAME, num_classes=cfg.CONFIG.DATA.NUM_CLASSES)
-    if model_cfg.LOAD:
-        report = load_finetune(model, model_cfg.PRETRAINED_PATH)
-        log.info("fine-tuning from %s: %s", model_cfg.PRETRAINED_PATH, report.summary())
+    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), SyncBN; on ``ctx.device``, not yet in DDP."""
+    model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=cfg.CONFIG.DATA.NUM_CLASSES)
+    init = initial_weights(cfg)
+    if init is not None:
+        initialise(model, cfg, init)
     if cfg.CONFIG.TRAIN.SYNC_BN and ctx.distributed:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model.to(ctx.device)
@@ -150,7 +152,8 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     log_startup(cfg, ctx, steps_per_epoch, lr, out)
     reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM)
     reporter.update_status(force=True, state="running", epoch=start_epoch, steps_per_epoch=steps_per_epoch)
-    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, state, reporter)
+    inference = checkpoint.inference_info(cfg, checkpoint.class_names(cfg))
+    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, state, reporter, inference)
     try:
         for epoch in range(start_epoch, train.EPOCH_NUM):
             best_top1 = run_epoch(run, epoch, best_top1)
@@ -188,18 +191,9 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
     if ctx.is_main and (done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM or is_best):
-        ckpt = {
-            "model": run.raw_model.state_dict(),
-            "optimizer": state.optimizer.state_dict(),
-            "scheduler": state.scheduler.state_dict(),
-            "scaler": state.scaler.state_dict(),
-            "epoch": done,
-            "step": state.step,
-            "best_top1": best_top1,
-            "rng": checkpoint.rng_states(),
-            "config": (run.out / "config.yaml").read_text(),
-            "metrics": metrics,
-        }
+        ckpt = checkpoint.build_checkpoint(run.raw_model, state, epoch=done, best_top1=best_top1,
+                                           config_yaml=(run.out / "config.yaml").read_text(), metrics=metrics,
+                                           inference=run.inference)
         path = checkpoint.save_checkpoint(ckpt, run.out / log_cfg.SAVE_DIR, done, is_best, train.KEEP_LAST)
         log.info("saved %s%s", path, " (best)" if is_best else "")
     return best_top1
@@ -233,6 +227,21 @@ def load_cli_config(args: argparse.Namespace) -> Config:
         raise SystemExit(2) from exc
 
 
+def prepare_initial_weights(cfg: Config) -> None:
+    """Before any worker starts: find and verify the initial weights, check that they fit the model (one-line
+    error and exit status 2 if not), and fill DATA.MEAN/STD left empty with what they expect."""
+    try:
+        init = initial_weights(cfg)
+        if init is not None:
+            model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=cfg.CONFIG.DATA.NUM_CLASSES)
+            load_weights(model, init.path, allow_partial=cfg.CONFIG.MODEL.PARTIAL_LOAD,
+                         model_name=cfg.CONFIG.MODEL.NAME)
+    except (WeightsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    resolve_normalisation(cfg, init)
+
+
 def setup_launcher_logging() -> None:
     """The launching process reports where it rendezvouses and on which interfaces (workers log on their own)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -241,7 +250,9 @@ def setup_launcher_logging() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = get_args_parser().parse_args(argv)
     setup_launcher_logging()
-    launch(train_worker, load_cli_config(args), local_rank=args.local_rank)
+    cfg = load_cli_config(args)
+    prepare_initial_weights(cfg)
+    launch(train_worker, cfg, local_rank=args.local_rank)
 
 
 if __name__ == "__main__":

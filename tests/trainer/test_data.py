@@ -25,7 +25,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "CLIP_LEN": 4, "FRAME_RATE": 2, "NUM_SEGMENT": 1, "NUM_CROP": 1,
     "TEST_NUM_SEGMENT": 1, "TEST_NUM_CROP": 1,
     "CROP_SIZE": 24, "SHORT_SIDE_SIZE": 32, "NEW_HEIGHT": 32, "NEW_WIDTH": 40, "KEEP_ASPECT_RATIO": False,
-    "NUM_WORKERS": 0, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False,
+    "NUM_WORKERS": 0, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
 }  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from trainer.data.annotations import VideoRecord, read_annotations
 from trainer.data.sampling import train_indices, val_indices, view_indices
-from trainer.data.transforms import crop_positions, eval_transform, train_transform
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_transform, train_transform
 
 if TYPE_CHECKING:
     from trainer.config import Config, DataConfig
@@ -60,6 +60,8 @@ class ClipSpec:
     keep_aspect_ratio: bool
     test_num_segment: int
     test_num_crop: int
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
 
     @classmethod
     def from_config(cls, data: DataConfig) -> ClipSpec:
@@ -76,6 +78,9 @@ class ClipSpec:
             keep_aspect_ratio=data.KEEP_ASPECT_RATIO,
             test_num_segment=data.TEST_NUM_SEGMENT,
             test_num_crop=data.TEST_NUM_CROP,
+            # [] until the trainer resolves it from the initial weights; no weights means ImageNet's
+            mean=tuple(data.MEAN) or IMAGENET_MEAN,
+            std=tuple(data.STD) or IMAGENET_STD,
         )
 
     @property
@@ -170,16 +175,17 @@ class VideoClipDataset(Dataset):
             rng = np.random.default_rng((self.seed, epoch, index))
             frames = decode_clip(record.path, lambda n: train_indices(n, *clip, rng), *spec.decode_size)
             video = train_transform(
-                frames, spec.crop_size, spec.short_side, spec.scale_jitter, spec.random_flip, rng
+                frames, spec.crop_size, spec.short_side, spec.scale_jitter, spec.random_flip, rng, spec.mean, spec.std
             )
         elif self.split == "val":
             frames = decode_clip(record.path, lambda n: val_indices(n, *clip), *spec.decode_size)
-            video = eval_transform(frames, spec.crop_size, spec.short_side)
+            video = eval_transform(frames, spec.crop_size, spec.short_side, 0.5, spec.mean, spec.std)
         else:
             temporal, spatial = divmod(view, spec.test_num_crop)
             pick = (temporal, spec.test_num_segment)
             frames = decode_clip(record.path, lambda n: view_indices(n, *clip, *pick), *spec.decode_size)
-            video = eval_transform(frames, spec.crop_size, spec.short_side, self.crop_positions[spatial])
+            position = self.crop_positions[spatial]
+            video = eval_transform(frames, spec.crop_size, spec.short_side, position, spec.mean, spec.std)
         return {"video": video, "label": record.label, "index": index}
 
 
