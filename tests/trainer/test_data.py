@@ -112,13 +112,24 @@ def test_gluoncv_and_pyslowfast_lists_space_and_comma(tmp_path: Path) -> None:
     ]
 
 
+def test_paths_with_spaces_parse_in_both_formats(tmp_path: Path) -> None:
+    lines = ["air drumming/a b.mp4 300 5", "air drumming/c.mp4 4", "/abs/ice skating/d e.avi 120 0", "x 1 2 3"]
+    records = read_annotations(write_list(tmp_path / "list.txt", lines), tmp_path / "root")
+    assert [(Path(r.path), r.num_frames, r.label) for r in records] == [
+        (tmp_path / "root/air drumming/a b.mp4", 300, 5),
+        (tmp_path / "root/air drumming/c.mp4", None, 4),
+        (Path("/abs/ice skating/d e.avi"), 120, 0),
+        (tmp_path / "root/x 1", 2, 3),  # read from the right: label, then a frame count, the rest is the path
+    ]
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
         ("only_a_path.mp4", "expected 'path label'"),
-        ("a.mp4 1 2 3", "expected 'path label'"),
+        ("a.mp4,1,2,3", "expected 'path label'"),
         ("a.mp4 cat", "label must be an integer, got 'cat'"),
-        ("a.mp4 x 1", "num_frames must be an integer"),
+        ("a.mp4, x, 1", "num_frames must be an integer"),
         ("a.mp4 -1", "label must be >= 0"),
         ("a.mp4 5", "label 5 out of range for NUM_CLASSES=5"),
     ],
@@ -137,20 +148,22 @@ def test_class_index_plain_and_ucf101_forms(tmp_path: Path) -> None:
 
 
 def test_lists_from_class_folder_tree(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
+    # Class folders with spaces, as Kinetics has ("air drumming"): the lists name them verbatim and load back.
     source = Path(synthetic_dataset["TRAIN_DATA_PATH"]) / "train"
     root = tmp_path / "tree"
+    classes = ["moving left", "moving right"]
     for name in ("right", "left"):
-        shutil.copytree(source / name, root / name)
-    (root / "left" / "notes.txt").write_text("not a video")
-    (root / "right" / "broken.mp4").write_bytes(b"\x00" * 100)
+        shutil.copytree(source / name, root / f"moving {name}")
+    (root / "moving left" / "notes.txt").write_text("not a video")
+    (root / "moving right" / "broken.mp4").write_bytes(b"\x00" * 100)
     result = write_annotations_from_tree(root, tmp_path / "lists", val_fraction=0.25, seed=1)
-    assert result.classes == ["left", "right"]
-    assert read_class_index(result.class_index) == ["left", "right"]
-    assert [path for path, _ in result.skipped] == [str(root / "right" / "broken.mp4")]
+    assert result.classes == classes and read_class_index(result.class_index) == classes
+    assert [path for path, _ in result.skipped] == [str(root / "moving right" / "broken.mp4")]
+    assert "moving left/" in result.train.read_text()
     train, val = read_annotations(result.train, root, 2), read_annotations(result.val, root, 2)
     assert sorted(r.label for r in val) == [0, 0, 0, 1, 1, 1]
     assert len(train) == 18 and {r.num_frames for r in train + val} == {FRAMES}
-    assert all(Path(r.path).parent.name == ("left", "right")[r.label] for r in train + val)
+    assert all(Path(r.path).parent.name == classes[r.label] and Path(r.path).is_file() for r in train + val)
     assert not {r.path for r in train} & {r.path for r in val}
     again = write_annotations_from_tree(root, tmp_path / "again", val_fraction=0.25, seed=1)
     assert again.val.read_text() == result.val.read_text()
