@@ -26,7 +26,7 @@ def predict(cfg: Config, video: Path, ckpt: Path) -> torch.Tensor:
     model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=data.NUM_CLASSES)
     load_model_weights(model, ckpt)
     model.eval()
-    views = VideoClipDataset([VideoRecord(str(video), label=0)], "test", ClipSpec.from_config(data))
+    views = VideoClipDataset([VideoRecord(str(video), label=0)], "test", ClipSpec.from_config(cfg))
     clips = [views[i] for i in range(len(views))]
     if "bad" in clips[0]:
         raise SystemExit(f"error: cannot read {video}: {clips[0]['bad'][1]}")

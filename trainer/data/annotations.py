@@ -13,10 +13,12 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.errors import UserError
+
 VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg"})
 
 
-class AnnotationError(ValueError):
+class AnnotationError(UserError, ValueError):
     """A malformed annotation or class-index file; the message names the file and line."""
 
 
