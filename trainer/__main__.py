@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.data import check_dataset, make_synthetic_dataset, write_annotations_from_tree
+from trainer.errors import report_user_errors
 
 TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
 
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         importlib.import_module(TOOLS[command]).main(rest)
         return 0
-    return COMMANDS[command](rest)
+    return report_user_errors(lambda: COMMANDS[command](rest))
 
 
 if __name__ == "__main__":

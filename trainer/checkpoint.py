@@ -47,7 +47,7 @@ def class_names(cfg: Config) -> list[str]:
 
 def inference_info(cfg: Config, names: list[str]) -> dict[str, Any]:
     """Model, classes and clip settings (sampling, resize, crop, mean/std, test views) of a trained model."""
-    clip = dataclasses.asdict(ClipSpec.from_config(cfg.CONFIG.DATA))
+    clip = dataclasses.asdict(ClipSpec.from_config(cfg))
     return {"model": cfg.CONFIG.MODEL.NAME, "num_classes": cfg.CONFIG.DATA.NUM_CLASSES, "class_names": names,
             "clip": {key: list(value) if isinstance(value, tuple) else value for key, value in clip.items()}}
 

@@ -50,7 +50,7 @@ def settings(inference: dict[str, Any], cfg: Config | None) -> tuple[str, int, C
         return inference["model"], inference["num_classes"], checkpoint.clip_spec(inference), inference["class_names"]
     data = cfg.CONFIG.DATA
     names = inference.get("class_names") or checkpoint.class_names(cfg)
-    spec = ClipSpec.from_config(data)
+    spec = ClipSpec.from_config(cfg)
     if not data.MEAN and inference:  # the config leaves normalisation to the weights: the checkpoint's
         recorded = checkpoint.clip_spec(inference)
         spec = dataclasses.replace(spec, mean=recorded.mean, std=recorded.std)

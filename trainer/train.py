@@ -36,7 +36,10 @@ from trainer.config import Config, ConfigError, dump_config, load_config, run_di
 from trainer.data import build_dataset, build_loader
 from trainer.distributed import DistContext, add_launcher_args, all_gather_object, broadcast_buffers, launch
 from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
+from trainer.errors import reading_checkpoint, report_user_errors
+from trainer.model_setup import apply_training_controls, build_model_from_config
 from trainer.models import build_model
+from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, setup_logging
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 from trainer.weights import WeightsError, load_weights
@@ -81,11 +84,13 @@ class Run:
 
 
 def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
-    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), SyncBN; on ``ctx.device``, not yet in DDP."""
-    model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=cfg.CONFIG.DATA.NUM_CLASSES)
+    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), frozen parts, SyncBN; on ``ctx.device``, not yet
+    in DDP."""
+    model = build_model_from_config(cfg)
     init = initial_weights(cfg)
     if init is not None:
         initialise(model, cfg, init)
+    log.info("%s", apply_training_controls(model, cfg))  # after loading: frozen layers keep the loaded values
     if cfg.CONFIG.TRAIN.SYNC_BN and ctx.distributed:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model.to(ctx.device)
@@ -117,7 +122,7 @@ def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, 
 def train_worker(ctx: DistContext, cfg: Config) -> None:
     """Everything one training process does, from datasets to the final checkpoint."""
     out = run_dir(cfg)
-    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME)
+    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     train = cfg.CONFIG.TRAIN
     seed_everything(train.SEED)
     ckpt_dir = out / cfg.CONFIG.LOG.SAVE_DIR
@@ -127,19 +132,23 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
 
     train_loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)
     val_loader = build_loader(build_dataset(cfg, "val"), cfg, "val", ctx)
+    if len(train_loader) == 0:
+        raise ConfigError(f"CONFIG.TRAIN.DROP_LAST: each rank has fewer training videos than BATCH_SIZE "
+                          f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
     steps_per_epoch = -(-len(train_loader) // train.ACCUM_STEPS)
 
     model = build_train_model(cfg, ctx)
-    resume = checkpoint.load_resume_state(ctx, train.RESUME, ckpt_dir)
-    if resume is not None:
-        model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
+    with reading_checkpoint(f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"):
+        resume = checkpoint.load_resume_state(ctx, train.RESUME, ckpt_dir)
+        if resume is not None:
+            model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
     raw_model = model
     model = wrap_ddp(model, ctx, cfg)
 
     lr = effective_lr(cfg, train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS)
     optimizer = build_optimizer(cfg, raw_model, lr)
     fp16 = ctx.device.type == "cuda" and train.AMP == "fp16"
-    state = TrainState(optimizer, build_scheduler(cfg, optimizer, lr, steps_per_epoch),
+    state = TrainState(optimizer, build_scheduler(cfg, optimizer, steps_per_epoch),
                        torch.amp.GradScaler(ctx.device.type, enabled=fp16))
     start_epoch, best_top1 = 0, -1.0
     if resume is not None:
@@ -178,7 +187,12 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     done = epoch + 1
     is_best = False
     bad = gather_bad(state.bad_videos)  # this epoch's training skips, from every rank
-    if done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM:
+    validate = done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM
+    save = done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM
+    if train.PRECISE_BN and (validate or save):  # as PySlowFast: before each evaluation and checkpoint
+        batches = update_precise_bn(run.raw_model, run.train_loader, ctx, cfg)
+        log.info("precise BatchNorm statistics from %d batches over %d rank(s)", batches, ctx.world_size)
+    if validate:
         val = evaluate(run.raw_model, run.val_loader, ctx, cfg)
         metrics.update({f"val_{k}": v for k, v in val.items() if k != "bad"})
         is_best = val["top1"] > best_top1
@@ -190,7 +204,7 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
-    if ctx.is_main and (done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM or is_best):
+    if ctx.is_main and (save or is_best):
         ckpt = checkpoint.build_checkpoint(run.raw_model, state, epoch=done, best_top1=best_top1,
                                            config_yaml=(run.out / "config.yaml").read_text(), metrics=metrics,
                                            inference=run.inference)
@@ -220,11 +234,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def load_cli_config(args: argparse.Namespace) -> Config:
-    try:
-        return load_config(args.config_file, args.opts)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    return report_user_errors(lambda: load_config(args.config_file, args.opts))
 
 
 def prepare_initial_weights(cfg: Config) -> None:
@@ -252,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_launcher_logging()
     cfg = load_cli_config(args)
     prepare_initial_weights(cfg)
-    launch(train_worker, cfg, local_rank=args.local_rank)
+    report_user_errors(lambda: launch(train_worker, cfg, local_rank=args.local_rank))
 
 
 if __name__ == "__main__":

@@ -222,10 +222,10 @@ def test_load_and_pretrained_together_and_load_without_a_file_are_config_errors(
 def test_data_mean_and_std_reach_the_transforms(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
     cfg = load_config(write_config(tmp_path / "cfg.yaml", synthetic_dataset, tmp_path / "run",
                                    DATA={"MEAN": [0.5, 0.5, 0.5], "STD": [0.25, 0.5, 1.0]}))
-    spec = ClipSpec.from_config(cfg.CONFIG.DATA)
+    spec = ClipSpec.from_config(cfg)
     assert spec.mean == (0.5, 0.5, 0.5) and spec.std == (0.25, 0.5, 1.0)
     grey = np.full((4, 40, 40, 3), 102, dtype=np.uint8)  # 0.4 after scaling to [0, 1]
     clip = eval_transform(grey, 32, 32, 0.5, spec.mean, spec.std)
     assert clip[:, 0, 0, 0].tolist() == pytest.approx([-0.4, -0.2, -0.1], abs=1e-6)
     assert ClipSpec.from_config(load_config(write_config(tmp_path / "default.yaml", synthetic_dataset,
-                                                         tmp_path / "run")).CONFIG.DATA).mean == IMAGENET_MEAN
+                                                         tmp_path / "run"))).mean == IMAGENET_MEAN

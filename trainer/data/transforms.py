@@ -18,7 +18,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def crop_positions(num_crops: int) -> list[float]:
-    """Where test crops sit along the long side (0 = start, 1 = end): 1 -> centre, 3 -> left/centre/right."""
+    """Where test crops sit along the long side (0 = start, 1 = end): 1 -> centre, 3 -> left/centre/right, as
+    GluonCV (split / (crops - 1)), PySlowFast (uniform_crop) and MMAction2 (ThreeCrop) place them."""
     if num_crops < 1:
         raise ValueError(f"need at least one crop, got {num_crops}")
     return [0.5] if num_crops == 1 else np.linspace(0.0, 1.0, num_crops).tolist()
