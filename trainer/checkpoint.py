@@ -28,7 +28,7 @@ from trainer.config import Config
 from trainer.data.annotations import read_class_index
 from trainer.data.dataset import ClipSpec
 from trainer.distributed import DistContext, broadcast_object
-from trainer.weights import LoadReport, load_weights
+from trainer.weights import LoadReport, WeightsFile, load_weights
 from trainer.weights.formats import read_torch_file
 
 _EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pth$")
@@ -140,9 +140,10 @@ def load_resume_state(ctx: DistContext, resume: str, ckpt_dir: Path) -> dict[str
     return broadcast_object(state)
 
 
-def load_model_weights(model: nn.Module, path: Path, model_name: str = "") -> LoadReport:
-    """Load a trained model for evaluation or prediction: every tensor, the classifier included, must fit."""
-    return load_weights(model, path, allow_new_head=False, model_name=model_name)
+def load_model_weights(model: nn.Module, weights: Path | WeightsFile, model_name: str = "") -> LoadReport:
+    """Load a trained model (a file, or one already read) for evaluation or prediction: every tensor, the classifier
+    included, must fit."""
+    return load_weights(model, weights, allow_new_head=False, model_name=model_name)
 
 
 def find_eval_checkpoint(ckpt_dir: Path) -> Path:

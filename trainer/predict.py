@@ -12,41 +12,40 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
+from torch import nn
 
 from trainer import checkpoint
 from trainer.config import Config
 from trainer.data.annotations import VideoRecord
 from trainer.data.dataset import ClipSpec, VideoClipDataset
+from trainer.errors import UserError, reading_checkpoint, report_user_errors
 from trainer.models import build_model
 from trainer.train import load_cli_config
-from trainer.weights import WeightsError
+from trainer.weights import WeightsError, WeightsFile, read_weights
 
 
 @torch.no_grad()
-def predict(model_name: str, num_classes: int, spec: ClipSpec, video: Path, ckpt: Path) -> torch.Tensor:
+def predict(model: nn.Module, spec: ClipSpec, video: Path) -> torch.Tensor:
     """Class probabilities of ``video``: the mean softmax over the spec's test views."""
-    model = build_model(model_name, num_classes=num_classes)
-    checkpoint.load_model_weights(model, ckpt, model_name)
     model.eval()
     views = VideoClipDataset([VideoRecord(str(video), label=0)], "test", spec)
     clips = [views[i] for i in range(len(views))]
     if "bad" in clips[0]:
-        raise SystemExit(f"error: cannot read {video}: {clips[0]['bad'][1]}")
+        raise UserError(f"cannot read {video}: {clips[0]['bad'][1]}")
     return model(torch.stack([clip["video"] for clip in clips])).softmax(dim=1).mean(dim=0)
 
 
-def settings(inference: dict[str, Any], cfg: Config | None) -> tuple[str, int, ClipSpec, list[str]]:
+def settings(trained: WeightsFile, cfg: Config | None) -> tuple[str, int, ClipSpec, list[str]]:
     """(model name, classes, clip spec, class names) from the checkpoint, the config's clip settings if given."""
+    inference = trained.inference
     if cfg is None:
         if not inference:
-            raise WeightsError("the checkpoint records no model or clip settings (saved before they were stored); "
-                               "pass the run's --config-file")
+            raise WeightsError(f"{trained.path} records no model or clip settings (not a VidCluster checkpoint, or "
+                               "saved before they were stored); pass the run's --config-file")
         return inference["model"], inference["num_classes"], checkpoint.clip_spec(inference), inference["class_names"]
     data = cfg.CONFIG.DATA
     names = inference.get("class_names") or checkpoint.class_names(cfg)
@@ -55,6 +54,16 @@ def settings(inference: dict[str, Any], cfg: Config | None) -> tuple[str, int, C
         recorded = checkpoint.clip_spec(inference)
         spec = dataclasses.replace(spec, mean=recorded.mean, std=recorded.std)
     return cfg.CONFIG.MODEL.NAME, data.NUM_CLASSES, spec, names
+
+
+def load_trained(path: Path, cfg: Config | None) -> tuple[nn.Module, ClipSpec, list[str]]:
+    """The trained model of checkpoint ``path``, its clip spec and class names; a bad checkpoint is a UserError."""
+    with reading_checkpoint(f"checkpoint {path}"):
+        trained = read_weights(path)
+        model_name, num_classes, spec, names = settings(trained, cfg)
+        model = build_model(model_name, num_classes=num_classes)
+        checkpoint.load_model_weights(model, trained, model_name)
+    return model, spec, names
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -71,13 +80,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = get_args_parser().parse_args(argv)
     cfg = load_cli_config(args) if args.config_file else None
-    try:
-        inference = checkpoint.read_checkpoint(args.checkpoint).get("inference") or {}
-        model_name, num_classes, spec, names = settings(inference, cfg)
-        probs = predict(model_name, num_classes, spec, args.video, args.checkpoint)
-    except (WeightsError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    model, spec, names = report_user_errors(lambda: load_trained(args.checkpoint, cfg))
+    probs = report_user_errors(lambda: predict(model, spec, args.video))
     top = probs.topk(min(args.topk, len(probs)))
     print(f"{args.video}:")
     for rank, (p, i) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True), start=1):

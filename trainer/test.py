@@ -25,6 +25,7 @@ from trainer.errors import reading_checkpoint, report_user_errors
 from trainer.model_setup import build_model_from_config
 from trainer.reporting import setup_logging
 from trainer.train import load_cli_config, setup_launcher_logging
+from trainer.weights import read_weights
 
 log = logging.getLogger("trainer")
 
@@ -37,10 +38,11 @@ def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
     model = build_model_from_config(cfg)
     with reading_checkpoint(f"checkpoint {ckpt or 'in ' + str(out / cfg.CONFIG.LOG.SAVE_DIR)}"):
         path = ckpt or checkpoint.find_eval_checkpoint(out / cfg.CONFIG.LOG.SAVE_DIR)
-        checkpoint.load_model_weights(model, path, cfg.CONFIG.MODEL.NAME)
-        recorded = checkpoint.read_checkpoint(path).get("inference")
+        trained = read_weights(path)
+        checkpoint.load_model_weights(model, trained, cfg.CONFIG.MODEL.NAME)
+    recorded = trained.inference.get("clip")
     if recorded and not data.MEAN:  # normalisation left to the weights: what the model was trained with
-        data.MEAN, data.STD = recorded["clip"]["mean"], recorded["clip"]["std"]
+        data.MEAN, data.STD = recorded["mean"], recorded["std"]
     model.to(ctx.device)
     dataset = build_dataset(cfg, "test")
     num_views = data.TEST_NUM_SEGMENT * data.TEST_NUM_CROP

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import random
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +37,11 @@ from trainer.distributed import DistContext, add_launcher_args, all_gather_objec
 from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.errors import reading_checkpoint, report_user_errors
 from trainer.model_setup import apply_training_controls, build_model_from_config
-from trainer.models import build_model
 from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, setup_logging
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
-from trainer.weights import WeightsError, load_weights
-from trainer.weights.pretrained import initial_weights, initialise, resolve_normalisation
+from trainer.weights import load_weights
+from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, resolve_normalisation
 
 log = logging.getLogger("trainer")
 
@@ -240,16 +238,15 @@ def load_cli_config(args: argparse.Namespace) -> Config:
 def prepare_initial_weights(cfg: Config) -> None:
     """Before any worker starts: find and verify the initial weights, check that they fit the model (one-line
     error and exit status 2 if not), and fill DATA.MEAN/STD left empty with what they expect."""
-    try:
+
+    def checked() -> InitialWeights | None:
         init = initial_weights(cfg)
         if init is not None:
-            model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=cfg.CONFIG.DATA.NUM_CLASSES)
-            load_weights(model, init.path, allow_partial=cfg.CONFIG.MODEL.PARTIAL_LOAD,
+            load_weights(build_model_from_config(cfg), init.path, allow_partial=cfg.CONFIG.MODEL.PARTIAL_LOAD,
                          model_name=cfg.CONFIG.MODEL.NAME)
-    except (WeightsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    resolve_normalisation(cfg, init)
+        return init
+
+    resolve_normalisation(cfg, report_user_errors(checked))
 
 
 def setup_launcher_logging() -> None:

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from tests.trainer.test_train import REPO, free_port, run_trainer, write_config
+from trainer import checkpoint, predict
+from trainer.config import validate_config
 from trainer.models import build_model
 
 
@@ -26,8 +28,7 @@ def unknown_model(tmp: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict
 
 def garbage_checkpoint(tmp: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str]:
     (tmp / "bad.pth").write_bytes(b"\x80\x02not a checkpoint" * 64)
-    expected = (f"error: CONFIG.TRAIN.RESUME '{tmp / 'bad.pth'}' (checkpoints in {tmp / 'run' / 'checkpoints'}): "
-                "cannot load it (WeightsError: ")
+    expected = f"error: {tmp / 'bad.pth'}: not loadable as plain tensors (UnpicklingError: Unsupported operand"
     return data, {"TRAIN": {"EPOCH_NUM": 1, "RESUME": str(tmp / "bad.pth")}}, expected
 
 
@@ -72,3 +73,34 @@ def test_bad_input_is_one_line_and_an_exit_status(
     else:
         assert len(errors) == 1 and errors[0].startswith(expected), output
         assert proc.returncode == 2 and "Traceback" not in output, output
+
+
+def checkpoint_of(model: str, *leave_out: str) -> dict[str, Any]:
+    """A checkpoint whose record says i3d_tiny with 2 classes, holding ``model``'s weights."""
+    cfg = validate_config({"CONFIG": {"DATA": {"NUM_CLASSES": 2}, "MODEL": {"NAME": "i3d_tiny"}}})
+    inference = checkpoint.inference_info(cfg, ["a", "b"])
+    return {"model": build_model(model, 2).state_dict(),
+            "inference": {key: value for key, value in inference.items() if key not in leave_out}}
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"\x80\x02not a checkpoint", "{path}: neither a torch file nor a Caffe2 pickle of arrays"),
+     (checkpoint_of("slow_tiny"), "{path} (vidcluster weights) does not fit model i3d_tiny: "),
+     (checkpoint_of("i3d_tiny", "class_names"), "checkpoint {path}: cannot load it (KeyError: 'class_names')")],
+    ids=["garbage", "another-models-weights", "incomplete-inference-record"],
+)  # fmt: skip
+def test_predict_refuses_a_bad_checkpoint_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: Any, expected: str
+) -> None:
+    path = tmp_path / "best.pth"
+    if isinstance(content, bytes):
+        path.write_bytes(content * 64)
+    else:
+        torch.save(content, path)
+    with pytest.raises(SystemExit) as exit_info:
+        predict.main([str(tmp_path / "video.mp4"), "--checkpoint", str(path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {expected.format(path=path)}"), err
+    assert "PARTIAL_LOAD" not in err  # evaluating a trained model: it loads whole or not at all

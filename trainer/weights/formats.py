@@ -16,9 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.errors import CheckpointError, first_line
 
-class WeightsError(ValueError):
-    """A weights file that cannot be used: the message names the file and what is wrong, on one line."""
+
+class WeightsError(CheckpointError, ValueError):
+    """A weights file that cannot be used: the message names the file and what is wrong, on one line (a UserError:
+    every command prints it as ``error: <message>`` and exits with status 2)."""
 
 
 @dataclass
@@ -70,6 +73,15 @@ def _read_caffe2(path: Path) -> dict[str, torch.Tensor]:
     }
 
 
+def _refusal_reason(exc: pickle.UnpicklingError) -> str:
+    # torch's weights-only refusal opens with advice to load unsafely; why it refused follows this marker (and is
+    # followed by advice to allow-list what it refused, which we do not take either).
+    _, marker, reason = str(exc).partition("WeightsUnpickler error:")
+    if not (marker and reason.strip()):
+        return first_line(exc)
+    return reason.strip().splitlines()[0].split(" Please use ")[0]
+
+
 def read_torch_file(path: Path) -> Any:
     """``torch.load`` with ``weights_only=True`` on the CPU; a missing or unreadable file is a WeightsError."""
     if not path.is_file():
@@ -77,10 +89,9 @@ def read_torch_file(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise WeightsError(f"{path}: not loadable as plain tensors ({first})") from None
+        raise WeightsError(f"{path}: not loadable as plain tensors (UnpicklingError: {_refusal_reason(exc)})") from None
     except (RuntimeError, EOFError, OSError) as exc:
-        raise WeightsError(f"{path}: not a torch file ({type(exc).__name__}: {exc})") from None
+        raise WeightsError(f"{path}: not a torch file ({type(exc).__name__}: {first_line(exc)})") from None
 
 
 # State-dict names that identify a source. PySlowFast's pytorchvideo models carry a 'model.' prefix.

@@ -125,9 +125,11 @@ def load_weights(
             converted[ours] = value
     report.unexpected = sorted(set(tensors) - set(mapping.values()))
     if not report.complete and not allow_partial:
+        # PARTIAL_LOAD is for initial weights only: a trained model is evaluated whole or not at all
+        partial = ", or set CONFIG.MODEL.PARTIAL_LOAD: True to load only what fits" if allow_new_head else ""
         raise WeightsError(
             f"{source.path} ({source.format} weights) does not fit {label}: {report.problems()}; "
-            "fix the file or the model name, or set CONFIG.MODEL.PARTIAL_LOAD: True to load only what fits"
+            f"fix the file or the model name{partial}"
         )
     model.load_state_dict(converted, strict=False)
     report.loaded = sorted(converted)
