@@ -93,8 +93,6 @@ def test_gluoncv_configs_train_with_gluoncvs_learning_rate_and_weight_decay(name
 
 # Computed by the launcher and never read from the file (GluonCV's spawn_workers overwrites them the same way).
 LAUNCH_COMPUTED = {"DDP_CONFIG.GPU_WORLD_SIZE", "DDP_CONFIG.GPU_WORLD_RANK", "DDP_CONFIG.GPU"}
-# Read by the pretrained-weights work of issue 9, which lands separately: remove once it is merged.
-WEIGHTS_BRANCH = {"CONFIG.MODEL.PRETRAINED"}
 
 
 @contextmanager
@@ -154,7 +152,7 @@ def test_every_key_of_gluoncvs_configs_is_used_or_refused(
     with recorded_reads(monkeypatch) as seen:
         launch(train_worker, cfg)
         launch(functools.partial(multiview_test_worker, ckpt=None), cfg)
-    unread = set(written) - seen - LAUNCH_COMPUTED - WEIGHTS_BRANCH
+    unread = set(written) - seen - LAUNCH_COMPUTED
     assert "CONFIG.TRAIN.ADAM_EPS" not in seen  # the recorder sees reads, not dumps: SGD never reads Adam's eps
     for key in sorted(unread):
         with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: "):
