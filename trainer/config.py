@@ -501,7 +501,7 @@ def _model_problem(model: ModelConfig) -> tuple[str, str] | None:
 
 
 def _weights_problem(model: ModelConfig) -> tuple[str, str] | None:
-    """One source of initial weights, and a file for LOAD."""
+    """One source of initial weights; the keys that only act on initial weights are refused without one."""
     if model.LOAD and model.PRETRAINED:
         return "LOAD", (
             "is True and so is PRETRAINED; keep one: LOAD starts from the file PRETRAINED_PATH, PRETRAINED from the "
@@ -509,6 +509,10 @@ def _weights_problem(model: ModelConfig) -> tuple[str, str] | None:
         )
     if model.LOAD and not model.PRETRAINED_PATH:
         return "PRETRAINED_PATH", "is empty but LOAD is True; name the weights file to start from"
+    if not (model.LOAD or model.PRETRAINED):
+        for key in ("PRETRAINED_PATH", "PARTIAL_LOAD"):
+            if _changed(model, key):
+                return key, "only LOAD: True or PRETRAINED: True (initial weights) use it; remove it or set one"
     return None
 
 
@@ -767,7 +771,7 @@ def input_paths(cfg: Config) -> list[tuple[str, str]]:
     data, model = cfg.CONFIG.DATA, cfg.CONFIG.MODEL
     found = [(f"CONFIG.DATA.{key}", getattr(data, key)) for key in
              ("TRAIN_ANNO_PATH", "TRAIN_DATA_PATH", "VAL_ANNO_PATH", "VAL_DATA_PATH", "CLASS_INDEX")]
-    if model.LOAD:
+    if model.LOAD or model.PRETRAINED:  # the file to start from, or a local copy of the published weights
         found.append(("CONFIG.MODEL.PRETRAINED_PATH", model.PRETRAINED_PATH))
     return [(key, path) for key, path in found if path]
 

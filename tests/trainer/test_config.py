@@ -284,6 +284,10 @@ WARMUP = ["CONFIG.TRAIN.USE_WARMUP", "true", "CONFIG.TRAIN.WARMUP_EPOCHS", "2"]
          "CONFIG.MODEL.PARTIAL_BN: keeps the first BatchNorm training, which BN_EVAL freezes"),
         (["CONFIG.DATA.TEST_CROP_SIZE", "300"], "CONFIG.DATA.TEST_CROP_SIZE: is 300, larger than SHORT_SIDE_SIZE 256"),
         (["CONFIG.MODEL.DROPOUT_RATE", "1.5"], "CONFIG.MODEL.DROPOUT_RATE: Input should be less than 1"),
+        (["CONFIG.MODEL.PARTIAL_LOAD", "true"],
+         "CONFIG.MODEL.PARTIAL_LOAD: only LOAD: True or PRETRAINED: True (initial weights) use it"),
+        (["CONFIG.MODEL.PRETRAINED_PATH", "w.pth"],
+         "CONFIG.MODEL.PRETRAINED_PATH: only LOAD: True or PRETRAINED: True (initial weights) use it"),
     ],
     ids=lambda value: value[-2].rsplit(".", 1)[-1] if isinstance(value, list) else "",
 )
