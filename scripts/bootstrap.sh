@@ -23,16 +23,19 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 req_files=("$ROOT/requirements.txt")
-[ "${1:-}" = "--dev" ] && req_files+=("$ROOT/requirements-dev.txt")
+[ "${1:-}" = "--dev" ] && req_files+=("$ROOT/requirements-dev.txt" "$ROOT/requirements-reference.txt")
 want=$(cat "${req_files[@]}" | sha256sum | cut -d' ' -f1)
 stamp="$VENV/.requirements-${#req_files[@]}.sha256"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing Python requirements into $VENV (torch is large: a few minutes)"
   /usr/bin/python3 -m venv "$VENV"
   pip_args=()
-  for f in "${req_files[@]}"; do pip_args+=(-r "$f"); done
+  for f in "${req_files[@]}"; do [[ "$f" == *-reference.txt ]] || pip_args+=(-r "$f"); done
   # (the filter only hides a harmless warning some pip configurations print once per package)
   "$VENV/bin/pip" install -q --disable-pip-version-check "${pip_args[@]}" 2> >(grep -v "is ignored: it is neither" >&2)
+  # the reference implementations of the weights tests, without their dependencies (they would replace torch)
+  [ "${1:-}" = "--dev" ] && "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
+    -r "$ROOT/requirements-reference.txt"
   "$VENV/bin/python" -c "import torch, torchvision, decord, ansible, paramiko, yaml, pydantic"
   echo "$want" > "$stamp"
 fi

@@ -6,6 +6,7 @@
     check-data       open every video of a config's lists and name the bad ones
     make-annotations build train/val lists and a class index from a root/<class>/<video> tree
     make-dataset     write a small labelled synthetic H.264 dataset (motion classes) for demos and tests
+    fetch-weights N  download model N's published Kinetics weights once into the cache; prints the file's path
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.data import check_dataset, make_synthetic_dataset, write_annotations_from_tree
+from trainer.errors import report_user_errors
 
 TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
 
@@ -71,7 +73,18 @@ def make_dataset(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"check-data": check_data, "make-annotations": make_annotations, "make-dataset": make_dataset}
+def fetch_weights(argv: Sequence[str]) -> int:
+    from trainer.weights import zoo
+
+    return zoo.main(list(argv))
+
+
+COMMANDS = {
+    "check-data": check_data,
+    "make-annotations": make_annotations,
+    "make-dataset": make_dataset,
+    "fetch-weights": fetch_weights,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         importlib.import_module(TOOLS[command]).main(rest)
         return 0
-    return COMMANDS[command](rest)
+    return report_user_errors(lambda: COMMANDS[command](rest))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
 import yaml
@@ -37,11 +37,13 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from trainer.errors import UserError
+
 # GluonCV spells it WOLRD_URLS; WORLD_URLS is accepted on input, WOLRD_URLS is what we write.
 URLS_KEY, URLS_ALIAS = "WOLRD_URLS", "WORLD_URLS"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """An invalid configuration; the message names the file and the dotted key(s) and says what to change."""
 
 
@@ -73,14 +75,30 @@ class _Section(BaseModel):
     # Strict: a quoted '16' is not an integer and 'yes' is not a boolean; YAML already gives the right types.
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
+    def _problem(self) -> tuple[str, str] | None:
+        """A problem across this section's keys: (the key at fault, relative to the section; message), or None."""
+        return None
 
-def _false_only(value: bool) -> bool:
-    if value:
-        raise PydanticCustomError("unsupported", "multigrid training is not supported; set it to False")
-    return value
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        problem = self._problem()
+        if problem is not None:
+            raise _key_error(*problem)
+        return self
 
 
-NotSupported = Annotated[bool, AfterValidator(_false_only)]
+def _only(inert: Any, reason: str) -> AfterValidator:
+    """A key whose feature is not provided: only GluonCV's no-op value loads, anything else is refused by name."""
+
+    def check(value: Any) -> Any:
+        if value != inert:
+            raise PydanticCustomError("unsupported", reason)
+        return value
+
+    return AfterValidator(check)
+
+
+NotSupported = Annotated[bool, _only(False, "multigrid training is not supported; set it to False")]
 
 
 class DDPConfig(_Section):
@@ -89,7 +107,9 @@ class DDPConfig(_Section):
     )
     WORLD_SIZE: int = Field(1, ge=1, description="Number of nodes (machines) in the job.")
     WORLD_RANK: int = Field(
-        0, ge=0, description="Rank of this node; 0 hosts the rendezvous. Ignored with AUTO_RANK_MATCH."
+        0,
+        ge=0,
+        description="Rank of this node; 0 hosts the rendezvous. With AUTO_RANK_MATCH, 0 or the rank it finds.",
     )
     GPU_WORLD_SIZE: int = Field(
         8, ge=1, description="Total worker processes; recomputed at launch, never read from here."
@@ -121,20 +141,17 @@ class DDPConfig(_Section):
     @classmethod
     def _one_spelling(cls, data: Any) -> Any:
         if isinstance(data, dict) and URLS_KEY in data and URLS_ALIAS in data:
-            raise _ddp_error(URLS_KEY, f"also given as {URLS_ALIAS}; keep only one of the two spellings")
+            raise _key_error(URLS_KEY, f"also given as {URLS_ALIAS}; keep only one of the two spellings")
         return data
 
-    @model_validator(mode="after")
-    def _consistent(self) -> DDPConfig:
-        problem = _url_problem(self.DIST_URL) or (_topology_problem(self) if self.DISTRIBUTED else None)
-        if problem is not None:
-            raise _ddp_error(*problem)
-        return self
+    def _problem(self) -> tuple[str, str] | None:
+        return _url_problem(self.DIST_URL) or (_topology_problem(self) if self.DISTRIBUTED else None)
 
 
-def _ddp_error(key: str, message: str) -> PydanticCustomError:
-    # The key travels in the context so the message can name DDP_CONFIG.<key>, not only the section.
-    return PydanticCustomError("ddp", "{key}: {message}", {"key": key, "message": message})
+def _key_error(key: str, message: str) -> PydanticCustomError:
+    # The key (relative to the section that raises) travels in the context, so the message can name the full
+    # dotted key, not only the section whose validator found the problem.
+    return PydanticCustomError("key", "{key}: {message}", {"key": key, "message": message})
 
 
 def dist_url_host_port(url: str) -> tuple[str, int]:
@@ -191,8 +208,8 @@ class MultigridConfig(_Section):
     USE_SHORT_CYCLE: NotSupported = Field(
         False, description="GluonCV multigrid short cycle; not supported, keep False."
     )
-    LONG_CYCLE_EPOCH: list[int] = Field(
-        default_factory=lambda: [10, 20, 30], description="Multigrid long-cycle epochs."
+    LONG_CYCLE_EPOCH: Annotated[list[int], _only([10, 20, 30], "multigrid training is not supported; remove it")] = (
+        Field(default_factory=lambda: [10, 20, 30], description="Multigrid long-cycle epochs; only the default loads.")
     )
 
 
@@ -221,12 +238,30 @@ class TrainConfig(_Section):
     )
     STEP: float = Field(0.1, gt=0, description="LR multiplier at each LR_MILESTONE.")
     USE_WARMUP: bool = Field(False, description="Warm the LR up linearly over WARMUP_EPOCHS first.")
-    WARMUP_EPOCHS: int = Field(0, ge=0, description="Length of the warmup in epochs when USE_WARMUP is True.")
-    WARMUP_START_LR: float = Field(0.01, ge=0, description="Learning rate at the start of the warmup.")
-    WARMUP_END_LR: float = Field(
-        0.1, ge=0, description="Learning rate at the end of the warmup (GluonCV's warmup target)."
+    WARMUP_EPOCHS: int = Field(
+        0, ge=0, description="Length of the warmup in epochs; >= 1 with USE_WARMUP, 0 without."
     )
-    RESUME_EPOCH: int = Field(-1, ge=-1, description="GluonCV's resume epoch (-1 = from the start); prefer RESUME.")
+    WARMUP_START_LR: float = Field(
+        0.0,
+        ge=0,
+        description="LR at the start of the warmup. Unset: 0 for RECIPE gluoncv (its only value), 0.01 for pyslowfast.",
+    )
+    WARMUP_END_LR: Annotated[
+        float | None,
+        _only(
+            None,
+            "GluonCV's script never reads it (its warmup ends at LR) and PySlowFast has no such key; remove it: "
+            "the warmup ends where the schedule starts",
+        ),
+    ] = Field(None, description="Refused: GluonCV declares it but never reads it; the warmup ends at the schedule.")
+    RESUME_EPOCH: Annotated[
+        int,
+        _only(
+            -1,
+            "GluonCV's resume epoch is not supported; resume with CONFIG.TRAIN.RESUME (a checkpoint path, or 'auto' "
+            "for the run's newest) and remove RESUME_EPOCH",
+        ),
+    ] = Field(-1, description="GluonCV's resume epoch: only -1 (start from the beginning) loads; use RESUME.")
     MULTIGRID: MultigridConfig = Field(default_factory=MultigridConfig, description="GluonCV multigrid settings.")
     OPTIMIZER: Literal["SGD", "AdamW"] = Field("SGD", description="Optimizer: SGD (momentum) or AdamW.")
     NESTEROV: bool = Field(False, description="Use Nesterov momentum with SGD.")
@@ -245,6 +280,50 @@ class TrainConfig(_Section):
     FIND_UNUSED_PARAMETERS: bool = Field(
         False, description="DDP find_unused_parameters (only for models that need it)."
     )
+    DROP_LAST: bool = Field(
+        False, description="Drop each rank's last incomplete training batch (PySlowFast does; GluonCV does not)."
+    )
+    PRECISE_BN: bool = Field(
+        False,
+        description="Recompute BatchNorm statistics before each validation and checkpoint (PySlowFast's "
+        "BN.USE_PRECISE_STATS), averaged over all ranks.",
+    )
+    PRECISE_BN_BATCHES: int = Field(
+        200, ge=1, description="Training batches per rank for PRECISE_BN (PySlowFast's BN.NUM_BATCHES_PRECISE)."
+    )
+    HEAD_LR_MULT: float = Field(
+        1.0, gt=0, description="Learning-rate multiplier of the classifier head (fine-tuning: e.g. 10)."
+    )
+
+    def _problem(self) -> tuple[str, str] | None:
+        return _inert_train_key(self)
+
+
+def _changed(section: BaseModel, key: str) -> bool:
+    return getattr(section, key) != type(section).model_fields[key].get_default(call_default_factory=True)
+
+
+def _inert_train_key(train: TrainConfig) -> tuple[str, str] | None:
+    """A key set away from its default where nothing would read it: refused, so no setting is silently dropped."""
+    if train.USE_WARMUP and train.WARMUP_EPOCHS < 1:
+        return "WARMUP_EPOCHS", "is 0 but USE_WARMUP is True; set the warmup length in epochs (>= 1)"
+    if not train.USE_WARMUP and train.WARMUP_EPOCHS > 0:
+        return "WARMUP_EPOCHS", (
+            f"is {train.WARMUP_EPOCHS} but USE_WARMUP is False, so no warmup runs (and GluonCV's cosine would "
+            "still end that many epochs early); set USE_WARMUP: True or WARMUP_EPOCHS: 0"
+        )
+    unused_unless = (
+        (train.OPTIMIZER == "AdamW", ("ADAM_BETA2", "ADAM_EPS"), "OPTIMIZER: AdamW"),
+        (train.OPTIMIZER == "SGD", ("NESTEROV",), "OPTIMIZER: SGD"),
+        (train.LR_POLICY == "Step", ("LR_MILESTONE", "STEP"), "LR_POLICY: Step"),
+        (train.PRECISE_BN, ("PRECISE_BN_BATCHES",), "PRECISE_BN: True"),
+        (train.SCALE_LR, ("BASE_BATCH_SIZE",), "SCALE_LR: True"),
+    )
+    for used, keys, condition in unused_unless:
+        for key in keys:
+            if not used and _changed(train, key):
+                return key, f"only {condition} uses it; remove it or set {condition}"
+    return None
 
 
 class ValConfig(_Section):
@@ -253,7 +332,10 @@ class ValConfig(_Section):
 
 
 class InferenceConfig(_Section):
-    FEAT: bool = Field(False, description="Return features instead of class scores (GluonCV feature extraction).")
+    FEAT: Annotated[
+        bool,
+        _only(False, "feature extraction (GluonCV's feat_extract_pytorch.py) is not provided; set it to False"),
+    ] = Field(False, description="GluonCV feature extraction; not provided, only False loads.")
 
 
 class DataConfig(_Section):
@@ -269,10 +351,20 @@ class DataConfig(_Section):
         description="Keep the aspect ratio when resizing (short side) instead of NEW_HEIGHT x NEW_WIDTH.",
     )
     NUM_SEGMENT: int = Field(1, ge=1, description="Segments per video in training, one clip from each.")
-    NUM_CROP: int = Field(1, ge=1, description="Spatial crops per clip in training.")
+    NUM_CROP: Annotated[
+        int, _only(1, "multi-crop training is not provided (GluonCV's own trainer ignores it too); set it to 1")
+    ] = Field(1, description="Spatial crops per clip in training; only 1 loads (as GluonCV trains).")
     TEST_NUM_SEGMENT: int = Field(10, ge=1, description="Temporal views per video in multi-view test.")
-    TEST_NUM_CROP: int = Field(3, ge=1, description="Spatial views per clip in multi-view test (1 or 3).")
-    CROP_SIZE: int = Field(224, ge=1, description="Spatial crop size fed to the model.")
+    TEST_NUM_CROP: int = Field(
+        3, ge=1, description="Spatial views per clip in multi-view test, evenly placed along the long side."
+    )
+    CROP_SIZE: int = Field(224, ge=1, description="Spatial crop size fed to the model in training and validation.")
+    TEST_CROP_SIZE: int = Field(
+        256,
+        ge=1,
+        description="Crop size of the multi-view test. Unset: SHORT_SIDE_SIZE, crops that cover the short side "
+        "(GluonCV, PySlowFast, MMAction2).",
+    )
     SHORT_SIDE_SIZE: int = Field(256, ge=1, description="Short side the frames are resized to before cropping.")
     NEW_HEIGHT: int = Field(256, ge=1, description="Frame height after resizing when not keeping the aspect ratio.")
     NEW_WIDTH: int = Field(340, ge=1, description="Frame width after resizing when not keeping the aspect ratio.")
@@ -288,6 +380,30 @@ class DataConfig(_Section):
         description="Training short side is drawn from SHORT_SIDE_SIZE x [lo, hi] (PySlowFast's 256-320).",
     )
 
+    MEAN: list[float] = Field(
+        default_factory=list,
+        description="Per-channel (RGB) mean subtracted from frames scaled to [0, 1]; [] = what the initial "
+        "weights expect (0.45 for PySlowFast/pytorchvideo, torchvision's own, else ImageNet's).",
+    )
+    STD: list[float] = Field(
+        default_factory=list,
+        description="Per-channel (RGB) standard deviation frames are divided by; [] = follows the weights, as MEAN.",
+    )
+
+    @field_validator("MEAN", "STD")
+    @classmethod
+    def _per_channel(cls, value: list[float]) -> list[float]:
+        if value and (len(value) != 3 or min(value) < 0):
+            raise ValueError("needs three non-negative values (R, G, B), or [] to follow the weights")
+        return value
+
+    @field_validator("STD")
+    @classmethod
+    def _positive_std(cls, value: list[float]) -> list[float]:
+        if value and min(value) == 0:
+            raise ValueError("a standard deviation of 0 would divide by zero")
+        return value
+
     @field_validator("SCALE_JITTER")
     @classmethod
     def _jitter_range(cls, value: tuple[float, float]) -> tuple[float, float]:
@@ -295,19 +411,109 @@ class DataConfig(_Section):
             raise ValueError(f"needs 0 < lo <= hi, got {list(value)}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _test_crop_defaults_to_short_side(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "TEST_CROP_SIZE" not in data and isinstance(data.get("SHORT_SIDE_SIZE"), int):
+            data = {**data, "TEST_CROP_SIZE": data["SHORT_SIDE_SIZE"]}
+        return data
+
+    def _problem(self) -> tuple[str, str] | None:
+        if self.TEST_CROP_SIZE > self.SHORT_SIDE_SIZE:
+            return "TEST_CROP_SIZE", (
+                f"is {self.TEST_CROP_SIZE}, larger than SHORT_SIDE_SIZE {self.SHORT_SIDE_SIZE}, so test crops would "
+                "be upscaled; use at most the short side"
+            )
+        return None
+
 
 class ModelConfig(_Section):
     NAME: str = Field("", description="Model name in the registry (GluonCV names are aliases).")
-    LOAD: bool = Field(False, description="Load weights from PRETRAINED_PATH before training (fine-tuning).")
-    PRETRAINED_PATH: UserPath = Field("", description="Local checkpoint file to load when LOAD is True.")
-    PRETRAINED: bool = Field(False, description="Use the model zoo's trained weights (GluonCV meaning).")
-    PRETRAINED_BASE: bool = Field(
-        True, description="Use a pretrained backbone where the model supports it (GluonCV meaning)."
+    LOAD: bool = Field(
+        False,
+        description="Start from the weights file PRETRAINED_PATH (ours, PySlowFast .pyth/.pkl, pytorchvideo, "
+        "GluonCV or torchvision; detected from the file).",
     )
-    BN_EVAL: bool = Field(False, description="Keep BatchNorm layers in eval mode while training.")
-    PARTIAL_BN: bool = Field(False, description="Train only the first BatchNorm layer (partial BN).")
-    BN_FROZEN: bool = Field(False, description="Freeze BatchNorm parameters.")
-    USE_AFFINE: bool = Field(False, description="Use affine BatchNorm parameters in the GluonCV models that offer it.")
+    PRETRAINED_PATH: UserPath = Field(
+        "",
+        description="With LOAD: the weights file. With PRETRAINED: a local copy of the published file "
+        "(default: the fetch-weights cache).",
+    )
+    PRETRAINED: bool = Field(
+        False,
+        description="Start from the published Kinetics-400 weights of NAME (GluonCV meaning), fetched beforehand "
+        "with 'python -m trainer fetch-weights NAME'.",
+    )
+    PARTIAL_LOAD: bool = Field(
+        False,
+        description="Allow initial weights that do not cover the whole model (the rest stays randomly "
+        "initialised); False makes that an error. A classifier of another size is always re-initialised.",
+    )
+    PRETRAINED_BASE: bool = Field(
+        True,
+        description="GluonCV: start its I3D/C2D/TPN backbones from ImageNet; not provided, so with such a model it "
+        "needs PRETRAINED or LOAD (or False).",
+    )
+    BN_EVAL: bool = Field(
+        False, description="Every BatchNorm normalises with its running statistics and never updates them; "
+        "weight and bias still train."
+    )
+    PARTIAL_BN: bool = Field(
+        False, description="Partial BN (TSN): every BatchNorm but the first is frozen (statistics, weight and bias)."
+    )
+    BN_FROZEN: bool = Field(
+        False, description="Every BatchNorm is frozen: running statistics, weight and bias stay as loaded."
+    )
+    USE_AFFINE: Annotated[
+        bool,
+        _only(False, "GluonCV's r2plus1d_v2 affine layers are not provided (no model here has them); set it to False"),
+    ] = Field(False, description="GluonCV r2plus1d_v2's fixed affine layers; not provided, only False loads.")
+    FREEZE_BACKBONE: bool = Field(
+        False, description="Train only the classifier head; the backbone (BatchNorm included) stays as loaded."
+    )
+    DROPOUT_RATE: Annotated[float, Field(ge=0, lt=1)] | None = Field(
+        None, description="Dropout before the classifier; unset keeps the model's own (0.5 for the ResNets here)."
+    )
+
+    def _problem(self) -> tuple[str, str] | None:
+        return _model_problem(self)
+
+
+# GluonCV builds these families on ImageNet 2D weights when PRETRAINED_BASE is True and PRETRAINED is False
+# (i3d_resnet.py and tpn.py inflate them, actionrec_resnetv1b.py loads them); its SlowFast, Slow and R(2+1)D ignore it.
+_IMAGENET_BASED = re.compile(r"^(i3d_resnet|i3d_nl|tpn_|resnet\d+_v1b)")
+
+
+def _model_problem(model: ModelConfig) -> tuple[str, str] | None:
+    weights = _weights_problem(model)
+    if weights is not None:
+        return weights
+    if model.PRETRAINED_BASE and not (model.PRETRAINED or model.LOAD) and _IMAGENET_BASED.match(model.NAME.lower()):
+        return "PRETRAINED_BASE", (
+            f"GluonCV starts {model.NAME} from ImageNet ResNet weights, which are not provided here; set "
+            "PRETRAINED: True (Kinetics weights) or LOAD with PRETRAINED_PATH, or PRETRAINED_BASE: False to train "
+            "from random initialisation"
+        )
+    if model.PARTIAL_BN and (model.BN_EVAL or model.BN_FROZEN or model.FREEZE_BACKBONE):
+        other = next(k for k in ("BN_EVAL", "BN_FROZEN", "FREEZE_BACKBONE") if getattr(model, k))
+        return "PARTIAL_BN", f"keeps the first BatchNorm training, which {other} freezes; choose one of the two"
+    return None
+
+
+def _weights_problem(model: ModelConfig) -> tuple[str, str] | None:
+    """One source of initial weights; the keys that only act on initial weights are refused without one."""
+    if model.LOAD and model.PRETRAINED:
+        return "LOAD", (
+            "is True and so is PRETRAINED; keep one: LOAD starts from the file PRETRAINED_PATH, PRETRAINED from the "
+            "published weights of NAME"
+        )
+    if model.LOAD and not model.PRETRAINED_PATH:
+        return "PRETRAINED_PATH", "is empty but LOAD is True; name the weights file to start from"
+    if not (model.LOAD or model.PRETRAINED):
+        for key in ("PRETRAINED_PATH", "PARTIAL_LOAD"):
+            if _changed(model, key):
+                return key, "only LOAD: True or PRETRAINED: True (initial weights) use it; remove it or set one"
+    return None
 
 
 class LogConfig(_Section):
@@ -320,18 +526,78 @@ class LogConfig(_Section):
     SAVE_DIR: str = Field("checkpoints", description="Checkpoint subdirectory of the run directory.")
     EVAL_DIR: UserPath = Field("", description="Directory for test outputs; '' = the run directory.")
     SAVE_FREQ: int = Field(1, ge=1, description="Save a checkpoint every SAVE_FREQ epochs (and after the last).")
-    DISPLAY_FREQ: int = Field(1, ge=1, description="Log training progress every DISPLAY_FREQ iterations.")
-    LEVEL: Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"] = Field("DEBUG", description="Log level.")
+    DISPLAY_FREQ: int = Field(
+        1, ge=1, description="Log lr, loss and top-1 (and write them to TensorBoard) every DISPLAY_FREQ iterations."
+    )
+    LEVEL: Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"] = Field(
+        "DEBUG", description="Level of rank 0's console and log file (other ranks log warnings and errors)."
+    )
     LOG_FILENAME: str = Field("log.txt", description="Log file name in the run directory.")
 
 
+Recipe = Literal["gluoncv", "pyslowfast"]
+RECIPE_DEFAULT_WARMUP_START_LR: dict[str, float] = {"gluoncv": 0.0, "pyslowfast": 0.01}
+
+
+def detect_recipe(training: dict[str, Any]) -> Recipe:
+    """RECIPE 'auto' (or unset): pyslowfast when TRAIN sets WARMUP_START_LR, a PySlowFast key GluonCV's script never
+    reads; otherwise gluoncv, whose schema this is (its files load unchanged and keep their meaning)."""
+    train = training.get("TRAIN")
+    return "pyslowfast" if isinstance(train, dict) and "WARMUP_START_LR" in train else "gluoncv"
+
+
 class TrainingConfig(_Section):
+    RECIPE: Recipe = Field(
+        "gluoncv",
+        description="Whose meaning the keys follow (schedule, weight decay, test views): gluoncv or pyslowfast; "
+        "'auto'/unset: pyslowfast if TRAIN sets WARMUP_START_LR, else gluoncv.",
+    )
     TRAIN: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation and schedule.")
     VAL: ValConfig = Field(default_factory=ValConfig, description="Validation during training.")
     INFERENCE: InferenceConfig = Field(default_factory=InferenceConfig, description="Inference options.")
     DATA: DataConfig = Field(default_factory=DataConfig, description="Data, sampling and augmentation.")
     MODEL: ModelConfig = Field(default_factory=ModelConfig, description="Model choice and weights.")
     LOG: LogConfig = Field(default_factory=LogConfig, description="Output locations and logging.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_recipe(cls, data: Any) -> Any:
+        # The resolved config names its recipe and the recipe's warmup start, so a dump says what ran.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("RECIPE", "auto") == "auto":
+            data["RECIPE"] = detect_recipe(data)
+        train, start = data.get("TRAIN", {}), RECIPE_DEFAULT_WARMUP_START_LR.get(data["RECIPE"])
+        if isinstance(train, dict) and "WARMUP_START_LR" not in train and start is not None:
+            data["TRAIN"] = {**train, "WARMUP_START_LR": start}
+        return data
+
+    def _problem(self) -> tuple[str, str] | None:
+        return _training_problem(self)
+
+
+def _training_problem(cfg: TrainingConfig) -> tuple[str, str] | None:
+    """Problems across sections: a recipe's fixed meanings, and BatchNorm settings that leave nothing to act on."""
+    train, model = cfg.TRAIN, cfg.MODEL
+    if cfg.RECIPE == "gluoncv" and train.WARMUP_START_LR != 0:
+        return "TRAIN.WARMUP_START_LR", (
+            "RECIPE gluoncv warms up from 0 (GluonCV's GradualWarmupScheduler); set RECIPE: pyslowfast to start the "
+            "warmup at WARMUP_START_LR, or remove it"
+        )
+    if not train.USE_WARMUP and RECIPE_DEFAULT_WARMUP_START_LR[cfg.RECIPE] != train.WARMUP_START_LR:
+        return "TRAIN.WARMUP_START_LR", "USE_WARMUP is False, so no warmup runs; set USE_WARMUP: True or remove it"
+    if cfg.RECIPE == "gluoncv" and train.LR_POLICY == "Cosine" and train.EPOCH_NUM <= train.WARMUP_EPOCHS:
+        return "TRAIN.EPOCH_NUM", (
+            f"is {train.EPOCH_NUM}, not more than WARMUP_EPOCHS {train.WARMUP_EPOCHS}: GluonCV's cosine runs over "
+            "the epochs after the warmup, and there are none"
+        )
+    if model.BN_EVAL or model.BN_FROZEN or model.FREEZE_BACKBONE:
+        frozen_by = next(k for k in ("BN_EVAL", "BN_FROZEN", "FREEZE_BACKBONE") if getattr(model, k))
+        for key in ("SYNC_BN", "PRECISE_BN"):
+            if getattr(train, key):
+                return f"TRAIN.{key}", f"MODEL.{frozen_by} keeps every BatchNorm's statistics fixed; turn one off"
+    return None
 
 
 class Config(_Section):
@@ -387,7 +653,7 @@ def _describe(error: ErrorDetails) -> str:
     if error["type"] == "extra_forbidden":
         section, name = _dotted(loc[:-1]), str(loc[-1])
         return f"{_dotted(loc)}: unknown key; did you mean {_nearest_key(section, name)}?"
-    if error["type"] == "ddp":
+    if error["type"] == "key":
         return f"{_dotted([*loc, ctx['key']])}: {ctx['message']}"
     return f"{_dotted(loc)}: {error['msg'].removeprefix('Value error, ')}, got {error['input']!r}"
 
@@ -505,7 +771,7 @@ def input_paths(cfg: Config) -> list[tuple[str, str]]:
     data, model = cfg.CONFIG.DATA, cfg.CONFIG.MODEL
     found = [(f"CONFIG.DATA.{key}", getattr(data, key)) for key in
              ("TRAIN_ANNO_PATH", "TRAIN_DATA_PATH", "VAL_ANNO_PATH", "VAL_DATA_PATH", "CLASS_INDEX")]
-    if model.LOAD:
+    if model.LOAD or model.PRETRAINED:  # the file to start from, or a local copy of the published weights
         found.append(("CONFIG.MODEL.PRETRAINED_PATH", model.PRETRAINED_PATH))
     return [(key, path) for key, path in found if path]
 

@@ -13,7 +13,9 @@ Ranks come from, in this order:
 
 Every worker joins the group with ``timeout=DDP_CONFIG.TIMEOUT_SECONDS``; a peer that does not arrive in time ends the
 run with a DistributedError naming the rendezvous address. The group is destroyed when the worker returns or raises,
-and a worker's exception makes ``launch`` raise.
+and a worker's exception makes ``launch`` raise: a spawned worker's UserError comes back as a UserError with the same
+one-line message (no traceback: the input was bad, not the code), any other exception as a DistributedError after
+its traceback is logged.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.config import Config, DDPConfig, check_runtime
+from trainer.errors import UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,7 @@ WorkerFn = Callable[["DistContext", Config], None]
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-class DistributedError(RuntimeError):
+class DistributedError(UserError, RuntimeError):
     """Ranks cannot be decided, peers did not meet, or a worker failed; the message says which and what to check."""
 
 
@@ -167,6 +170,13 @@ def resolve_node_rank(ddp: DDPConfig) -> int:
     if len(matches) == 1:
         rank = matches[0]
         ifaces = sorted({name for name, addr in pairs if addr in _addresses_of(ddp.WOLRD_URLS[rank])})
+        if ddp.WORLD_RANK not in (0, rank):
+            # 0 is what GluonCV's tutorial file says on every node; any other rank is a claim to check.
+            raise DistributedError(
+                f"DDP_CONFIG.WORLD_RANK is {ddp.WORLD_RANK} but AUTO_RANK_MATCH finds this host at rank {rank} "
+                f"({ddp.WOLRD_URLS[rank]} on {', '.join(ifaces)}); fix WORLD_RANK (or leave it 0), or set "
+                "AUTO_RANK_MATCH: False"
+            )
         log.info("AUTO_RANK_MATCH: node rank %d (%s on %s)", rank, ddp.WOLRD_URLS[rank], ", ".join(ifaces))
         return rank
     listed = ", ".join(f"[{i}] {u}" for i, u in enumerate(ddp.WOLRD_URLS))
@@ -285,11 +295,10 @@ def _init_group(ctx: DistContext, plan: _Plan) -> None:
         )
         dist.barrier()  # everyone has really arrived before any work starts
     except dist.DistError as exc:  # store/network/backend errors: a peer or the rendezvous host is missing
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DistributedError(
             f"rank {ctx.rank} of {ctx.world_size}: peers did not all meet at the rendezvous {plan.dist_url} within "
-            f"{plan.timeout_s}s ({first_line}); check that every node was started, that the rank-0 node listens on "
-            "that address and port, and that the firewall lets the nodes reach it"
+            f"{plan.timeout_s}s ({first_line(exc)}); check that every node was started, that the rank-0 node listens "
+            "on that address and port, and that the firewall lets the nodes reach it"
         ) from exc
 
 
@@ -299,11 +308,19 @@ def _run_worker(
     _init_group(ctx, plan)
     try:
         worker_fn(ctx, _runtime_cfg(cfg, ctx, plan.from_env))
-    except Exception:
+    except Exception as exc:
+        error = exc
+        if lost_peer(exc):  # a consequence: one line here, the rank that stopped first says why
+            error = DistributedError(f"rank {ctx.rank} of {ctx.world_size} lost its peers in a collective "
+                                     f"({first_line(exc)}); the rank that failed first says why")
         if failure_file is not None:
             # Stamped before the teardown below wakes the peers, whose own errors are consequences and come later.
-            failure_file.write_text(json.dumps({"at": time.monotonic_ns(), "error": traceback.format_exc()}))
-        raise
+            user = str(error) if isinstance(error, UserError) else None
+            record = {"at": time.monotonic_ns(), "error": traceback.format_exc(), "user": user}
+            failure_file.write_text(json.dumps(record))
+        if error is exc:
+            raise
+        raise error from exc
     finally:
         dist.destroy_process_group()
 
@@ -316,22 +333,27 @@ def _spawned(local_rank: int, plan: _Plan, worker_fn: WorkerFn, cfg: Config, fai
     _run_worker(plan.context(local_rank), plan, worker_fn, cfg, Path(failures) / str(local_rank))
 
 
-def _first_failure(failures: Path) -> tuple[int, str] | None:
-    """(local index, traceback) of the worker whose own code failed first, if any did."""
+def _first_failure(failures: Path) -> tuple[int, dict[str, Any]] | None:
+    """(local index, failure record) of the worker whose own code failed first, if any did."""
     stamped = [(json.loads(f.read_text()), int(f.name)) for f in failures.iterdir()]
     if not stamped:
         return None
     record, index = min(stamped, key=lambda item: item[0]["at"])
-    return index, record["error"]
+    return index, record
 
 
 def _spawn(plan: _Plan, worker_fn: WorkerFn, cfg: Config) -> None:
+    # Stopping the peers of a failed worker is how its failure is handled, not news for a warning line.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="vidcluster-failures-") as failures:
         try:
             mp.spawn(_spawned, args=(plan, worker_fn, cfg, failures), nprocs=plan.per_node, join=True)
         except mp.ProcessRaisedException as exc:
             # spawn names whichever failed worker it notices first, often a peer that lost the one that failed.
-            index, trace = _first_failure(Path(failures)) or (exc.error_index, exc.msg)
+            index, record = _first_failure(Path(failures)) or (exc.error_index, {"error": exc.msg, "user": None})
+            if record["user"] is not None:
+                raise UserError(record["user"]) from None
+            trace = record["error"]
             log.error("local worker %d failed:\n%s", index, trace)
             last = [line for line in trace.strip().splitlines() if line.strip()][-1]
             raise DistributedError(f"local worker {index} failed: {last}") from exc

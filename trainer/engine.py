@@ -7,6 +7,7 @@ Every rank runs every loop; statistics are sums (loss, correct, count) reduced w
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,8 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.config import Config
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum
 from trainer.reporting import Reporter, progress
+
+log = logging.getLogger("trainer")
 
 
 @dataclass
@@ -97,17 +100,29 @@ def train_one_epoch(
         with sync:
             loss, logits = _forward_loss(model, batch, criterion, cfg, ctx)
             state.scaler.scale(loss / train.ACCUM_STEPS).backward()
-        if last:
-            _optimizer_step(model, state, train.CLIP_GRAD_NORM)
-            reporter.update_status(state="running", step=state.step, lr=state.scheduler.get_last_lr()[0])
         if logits is not None:
             n = len(batch["label"])
             labels = batch["label"].to(ctx.device)
             stats += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double(),
                                   torch.tensor(n, device=ctx.device, dtype=torch.float64)])
+        if last:
+            lr = state.optimizer.param_groups[0]["lr"]  # the LR this step used (the scheduler moves on below)
+            _optimizer_step(model, state, train.CLIP_GRAD_NORM)
+            reporter.update_status(state="running", step=state.step, lr=state.scheduler.get_last_lr()[0])
+            if ctx.is_main and state.step % cfg.CONFIG.LOG.DISPLAY_FREQ == 0:
+                _display(reporter, state.step, epoch, lr, stats)
     all_reduce_sum(stats)
     count = max(stats[2].item(), 1.0)
     return {"train_loss": stats[0].item() / count, "train_top1": 100.0 * stats[1].item() / count}
+
+
+def _display(reporter: Reporter, step: int, epoch: int, lr: float, stats: torch.Tensor) -> None:
+    """GluonCV's every-DISPLAY_FREQ-iterations report: lr and rank 0's running loss and top-1 this epoch."""
+    count = max(stats[2].item(), 1.0)
+    loss, top1 = stats[0].item() / count, 100.0 * stats[1].item() / count
+    log.info("epoch %d iteration %d: lr %.6g loss %.4f top-1 %.2f%%", epoch + 1, step, lr, loss, top1)
+    for tag, value in (("lr", lr), ("loss", loss), ("top1", top1)):
+        reporter.scalar(f"iteration/{tag}", value, step)
 
 
 def _optimizer_step(model: nn.Module, state: TrainState, clip_norm: float) -> None:

@@ -32,8 +32,9 @@ CURVES_FILE = "curves.png"
 STATUS_INTERVAL_S = 2.0
 
 
-def setup_logging(ctx: DistContext, log_file: Path | None) -> None:
-    """Rank 0 logs INFO to the console and to ``log_file``; other ranks only warnings, prefixed with their rank."""
+def setup_logging(ctx: DistContext, log_file: Path | None, level: str) -> None:
+    """Rank 0 logs at ``level`` (CONFIG.LOG.LEVEL) to the console and to ``log_file``; other ranks only warnings and
+    errors (or less, at a higher level), prefixed with their rank."""
     log.handlers.clear()
     log.propagate = False
     console = logging.StreamHandler(sys.stdout if ctx.is_main else sys.stderr)
@@ -41,7 +42,8 @@ def setup_logging(ctx: DistContext, log_file: Path | None) -> None:
     fmt = logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S")
     console.setFormatter(fmt)
     log.addHandler(console)
-    log.setLevel(logging.INFO if ctx.is_main else logging.WARNING)
+    numeric = logging.getLevelNamesMapping()[level]
+    log.setLevel(numeric if ctx.is_main else max(numeric, logging.WARNING))
     if ctx.is_main and log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         to_file = logging.FileHandler(log_file)

@@ -21,9 +21,11 @@ from trainer.config import Config, run_dir
 from trainer.data import build_dataset, build_loader
 from trainer.distributed import DistContext, add_launcher_args, launch
 from trainer.engine import test_multiview
-from trainer.models import build_model
+from trainer.errors import reading_checkpoint, report_user_errors
+from trainer.model_setup import build_model_from_config
 from trainer.reporting import setup_logging
 from trainer.train import load_cli_config, setup_launcher_logging
+from trainer.weights import read_weights
 
 log = logging.getLogger("trainer")
 
@@ -31,11 +33,16 @@ log = logging.getLogger("trainer")
 def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
     """One test process: load the checkpoint, score every view of its shard, merge views across ranks."""
     out = run_dir(cfg)
-    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME)
+    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     data = cfg.CONFIG.DATA
-    model = build_model(cfg.CONFIG.MODEL.NAME, num_classes=data.NUM_CLASSES)
-    path = ckpt or checkpoint.find_eval_checkpoint(out / cfg.CONFIG.LOG.SAVE_DIR)
-    checkpoint.load_model_weights(model, path)
+    model = build_model_from_config(cfg)
+    with reading_checkpoint(f"checkpoint {ckpt or 'in ' + str(out / cfg.CONFIG.LOG.SAVE_DIR)}"):
+        path = ckpt or checkpoint.find_eval_checkpoint(out / cfg.CONFIG.LOG.SAVE_DIR)
+        trained = read_weights(path)
+        checkpoint.load_model_weights(model, trained, cfg.CONFIG.MODEL.NAME)
+    recorded = trained.inference.get("clip")
+    if recorded and not data.MEAN:  # normalisation left to the weights: what the model was trained with
+        data.MEAN, data.STD = recorded["mean"], recorded["std"]
     model.to(ctx.device)
     dataset = build_dataset(cfg, "test")
     num_views = data.TEST_NUM_SEGMENT * data.TEST_NUM_CROP
@@ -67,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = get_args_parser().parse_args(argv)
     cfg = load_cli_config(args)
     setup_launcher_logging()
-    launch(functools.partial(test_worker, ckpt=args.checkpoint), cfg, local_rank=args.local_rank)
+    report_user_errors(lambda: launch(functools.partial(test_worker, ckpt=args.checkpoint), cfg,
+                                      local_rank=args.local_rank))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import random
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +35,13 @@ from trainer.config import Config, ConfigError, dump_config, load_config, run_di
 from trainer.data import build_dataset, build_loader
 from trainer.distributed import DistContext, add_launcher_args, all_gather_object, broadcast_buffers, launch
 from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
-from trainer.models import build_model, load_finetune
+from trainer.errors import reading_checkpoint, report_user_errors
+from trainer.model_setup import apply_training_controls, build_model_from_config
+from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, setup_logging
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
+from trainer.weights import load_weights
+from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, resolve_normalisation
 
 log = logging.getLogger("trainer")
 
@@ -75,15 +78,17 @@ class Run:
     val_loader: object
     state: TrainState
     reporter: Reporter
+    inference: dict[str, object]  # stored in every checkpoint (checkpoint.inference_info)
 
 
 def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
-    """Model by name, optional fine-tuning weights, SyncBN; on ``ctx.device``, not yet wrapped in DDP."""
-    model_cfg = cfg.CONFIG.MODEL
-    model = build_model(model_cfg.NAME, num_classes=cfg.CONFIG.DATA.NUM_CLASSES)
-    if model_cfg.LOAD:
-        report = load_finetune(model, model_cfg.PRETRAINED_PATH)
-        log.info("fine-tuning from %s: %s", model_cfg.PRETRAINED_PATH, report.summary())
+    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), frozen parts, SyncBN; on ``ctx.device``, not yet
+    in DDP."""
+    model = build_model_from_config(cfg)
+    init = initial_weights(cfg)
+    if init is not None:
+        initialise(model, cfg, init)
+    log.info("%s", apply_training_controls(model, cfg))  # after loading: frozen layers keep the loaded values
     if cfg.CONFIG.TRAIN.SYNC_BN and ctx.distributed:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model.to(ctx.device)
@@ -115,7 +120,7 @@ def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, 
 def train_worker(ctx: DistContext, cfg: Config) -> None:
     """Everything one training process does, from datasets to the final checkpoint."""
     out = run_dir(cfg)
-    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME)
+    setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     train = cfg.CONFIG.TRAIN
     seed_everything(train.SEED)
     ckpt_dir = out / cfg.CONFIG.LOG.SAVE_DIR
@@ -125,19 +130,23 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
 
     train_loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)
     val_loader = build_loader(build_dataset(cfg, "val"), cfg, "val", ctx)
+    if len(train_loader) == 0:
+        raise ConfigError(f"CONFIG.TRAIN.DROP_LAST: each rank has fewer training videos than BATCH_SIZE "
+                          f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
     steps_per_epoch = -(-len(train_loader) // train.ACCUM_STEPS)
 
     model = build_train_model(cfg, ctx)
-    resume = checkpoint.load_resume_state(ctx, train.RESUME, ckpt_dir)
-    if resume is not None:
-        model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
+    with reading_checkpoint(f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"):
+        resume = checkpoint.load_resume_state(ctx, train.RESUME, ckpt_dir)
+        if resume is not None:
+            model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
     raw_model = model
     model = wrap_ddp(model, ctx, cfg)
 
     lr = effective_lr(cfg, train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS)
     optimizer = build_optimizer(cfg, raw_model, lr)
     fp16 = ctx.device.type == "cuda" and train.AMP == "fp16"
-    state = TrainState(optimizer, build_scheduler(cfg, optimizer, lr, steps_per_epoch),
+    state = TrainState(optimizer, build_scheduler(cfg, optimizer, steps_per_epoch),
                        torch.amp.GradScaler(ctx.device.type, enabled=fp16))
     start_epoch, best_top1 = 0, -1.0
     if resume is not None:
@@ -150,7 +159,8 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     log_startup(cfg, ctx, steps_per_epoch, lr, out)
     reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM)
     reporter.update_status(force=True, state="running", epoch=start_epoch, steps_per_epoch=steps_per_epoch)
-    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, state, reporter)
+    inference = checkpoint.inference_info(cfg, checkpoint.class_names(cfg))
+    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, state, reporter, inference)
     try:
         for epoch in range(start_epoch, train.EPOCH_NUM):
             best_top1 = run_epoch(run, epoch, best_top1)
@@ -175,7 +185,12 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     done = epoch + 1
     is_best = False
     bad = gather_bad(state.bad_videos)  # this epoch's training skips, from every rank
-    if done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM:
+    validate = done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM
+    save = done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM
+    if train.PRECISE_BN and (validate or save):  # as PySlowFast: before each evaluation and checkpoint
+        batches = update_precise_bn(run.raw_model, run.train_loader, ctx, cfg)
+        log.info("precise BatchNorm statistics from %d batches over %d rank(s)", batches, ctx.world_size)
+    if validate:
         val = evaluate(run.raw_model, run.val_loader, ctx, cfg)
         metrics.update({f"val_{k}": v for k, v in val.items() if k != "bad"})
         is_best = val["top1"] > best_top1
@@ -187,19 +202,10 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
-    if ctx.is_main and (done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM or is_best):
-        ckpt = {
-            "model": run.raw_model.state_dict(),
-            "optimizer": state.optimizer.state_dict(),
-            "scheduler": state.scheduler.state_dict(),
-            "scaler": state.scaler.state_dict(),
-            "epoch": done,
-            "step": state.step,
-            "best_top1": best_top1,
-            "rng": checkpoint.rng_states(),
-            "config": (run.out / "config.yaml").read_text(),
-            "metrics": metrics,
-        }
+    if ctx.is_main and (save or is_best):
+        ckpt = checkpoint.build_checkpoint(run.raw_model, state, epoch=done, best_top1=best_top1,
+                                           config_yaml=(run.out / "config.yaml").read_text(), metrics=metrics,
+                                           inference=run.inference)
         path = checkpoint.save_checkpoint(ckpt, run.out / log_cfg.SAVE_DIR, done, is_best, train.KEEP_LAST)
         log.info("saved %s%s", path, " (best)" if is_best else "")
     return best_top1
@@ -226,11 +232,21 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def load_cli_config(args: argparse.Namespace) -> Config:
-    try:
-        return load_config(args.config_file, args.opts)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    return report_user_errors(lambda: load_config(args.config_file, args.opts))
+
+
+def prepare_initial_weights(cfg: Config) -> None:
+    """Before any worker starts: find and verify the initial weights, check that they fit the model (one-line
+    error and exit status 2 if not), and fill DATA.MEAN/STD left empty with what they expect."""
+
+    def checked() -> InitialWeights | None:
+        init = initial_weights(cfg)
+        if init is not None:
+            load_weights(build_model_from_config(cfg), init.path, allow_partial=cfg.CONFIG.MODEL.PARTIAL_LOAD,
+                         model_name=cfg.CONFIG.MODEL.NAME)
+        return init
+
+    resolve_normalisation(cfg, report_user_errors(checked))
 
 
 def setup_launcher_logging() -> None:
@@ -241,7 +257,9 @@ def setup_launcher_logging() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = get_args_parser().parse_args(argv)
     setup_launcher_logging()
-    launch(train_worker, load_cli_config(args), local_rank=args.local_rank)
+    cfg = load_cli_config(args)
+    prepare_initial_weights(cfg)
+    report_user_errors(lambda: launch(train_worker, cfg, local_rank=args.local_rank))
 
 
 if __name__ == "__main__":

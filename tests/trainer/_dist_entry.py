@@ -2,7 +2,9 @@
 
 Run like the trainer (``python tests/trainer/_dist_entry.py --config-file X.yaml [KEY VALUE ...]``, under torchrun,
 or with ``--local_rank N``). Each worker writes ``rank<global rank>.json`` into the run directory
-(CONFIG.LOG.BASE_PATH with EXP_NAME ''). A worker whose rank is in $VCT_FAIL_RANK raises instead.
+(CONFIG.LOG.BASE_PATH with EXP_NAME ''). A worker whose rank is in $VCT_FAIL_RANK raises instead. Each worker also
+updates precise BatchNorm statistics on its own batches (``precise_bn_batches``), so every launch mode checks that
+they are averaged over all ranks.
 """
 
 from __future__ import annotations
@@ -13,10 +15,28 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from trainer.config import Config, load_config, run_dir
 from trainer.distributed import DistContext, add_launcher_args, all_gather_object, all_reduce_sum, barrier, launch
 from trainer.distributed import broadcast_object as bcast
+from trainer.precise_bn import update_precise_bn
+
+
+def precise_bn_batches(rank: int) -> list[dict[str, torch.Tensor]]:
+    """Three batches of 4 clips, different on every rank; rank 1's second batch lost all its videos."""
+    generator = torch.Generator().manual_seed(rank)
+    batches = [{"video": torch.randn(4, 3, 2, 4, 4, generator=generator) * (rank + 1) + rank,
+                "label": torch.zeros(4, dtype=torch.long)} for _ in range(3)]
+    if rank == 1:
+        batches[1] = {"video": torch.empty(0), "label": torch.zeros(0, dtype=torch.long)}
+    return batches
+
+
+def precise_bn(ctx: DistContext, cfg: Config) -> dict[str, object]:
+    model = nn.Sequential(nn.BatchNorm3d(3))
+    used = update_precise_bn(model, precise_bn_batches(ctx.rank), ctx, cfg)
+    return {"used": used, "mean": model[0].running_mean.tolist(), "var": model[0].running_var.tolist()}
 
 
 def record(ctx: DistContext, cfg: Config) -> None:
@@ -41,6 +61,7 @@ def record(ctx: DistContext, cfg: Config) -> None:
         "gpu_world_size": cfg.DDP_CONFIG.GPU_WORLD_SIZE,
         "gpu": cfg.DDP_CONFIG.GPU,
         "world_rank": cfg.DDP_CONFIG.WORLD_RANK,
+        "precise_bn": precise_bn(ctx, cfg),
         "pid": os.getpid(),
     }
     barrier(ctx)

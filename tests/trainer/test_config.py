@@ -160,7 +160,7 @@ def test_gluoncv_config_loads_unchanged(path: Path) -> None:
     loaded = config_to_dict(cfg)
     written = leaves(parse_yaml(path.read_text()))
     for key, value in written.items():
-        assert get(loaded, key) == value, key  # every key keeps the value (and type) the file gives it
+        assert get(loaded, key) == value and type(get(loaded, key)) is type(value), key  # value and type kept
     assert path.stem == cfg.CONFIG.MODEL.NAME
     assert isinstance(cfg.CONFIG.TRAIN.W_DECAY, float) and cfg.CONFIG.TRAIN.W_DECAY in (1e-4, 1e-5)
 
@@ -199,7 +199,8 @@ def test_world_urls_alias_is_read_and_written_as_wolrd_urls(tmp_path: Path) -> N
 
 
 def test_dump_then_load_gives_the_same_config(tmp_path: Path) -> None:
-    overrides = ["CONFIG.TRAIN.AMP", "bf16", "CONFIG.TRAIN.ADAM_EPS", "1e-8", "CONFIG.LOG.EXP_NAME", ""]
+    overrides = ["CONFIG.TRAIN.AMP", "bf16", "CONFIG.TRAIN.OPTIMIZER", "AdamW", "CONFIG.TRAIN.ADAM_EPS", "1e-8",
+                 "CONFIG.LOG.EXP_NAME", ""]
     cfg = load_config(GLUONCV[0], overrides)
     out = tmp_path / "resolved.yaml"
     dump_config(cfg, out)
@@ -219,6 +220,80 @@ def test_every_key_has_a_description() -> None:
         return count
 
     assert check(Config, "") > len(GLUONCV_DEFAULTS)
+
+
+def test_recipe_is_explicit_or_detected_and_the_resolved_config_says_which(tmp_path: Path) -> None:
+    def resolved(text: str) -> tuple[str, float]:
+        cfg = load_config(write(tmp_path, text))
+        again = tmp_path / "again.yaml"
+        dump_config(cfg, again)
+        assert load_config(again) == cfg and f"RECIPE: {cfg.CONFIG.RECIPE}" in again.read_text()
+        return cfg.CONFIG.RECIPE, cfg.CONFIG.TRAIN.WARMUP_START_LR
+
+    assert resolved("") == ("gluoncv", 0.0)  # GluonCV's schema: its warmup starts at 0
+    warmup = "    USE_WARMUP: true\n    WARMUP_EPOCHS: 2\n"
+    assert resolved(f"CONFIG:\n  TRAIN:\n{warmup}    WARMUP_START_LR: 0.02\n") == ("pyslowfast", 0.02)
+    assert resolved(f"CONFIG:\n  RECIPE: auto\n  TRAIN:\n{warmup}") == ("gluoncv", 0.0)
+    assert resolved(f"CONFIG:\n  RECIPE: pyslowfast\n  TRAIN:\n{warmup}") == ("pyslowfast", 0.01)  # PySlowFast's
+    assert {load_config(path).CONFIG.RECIPE for path in GLUONCV} == {"gluoncv"}
+    assert load_config(REPO / "configs" / "slowfast.yaml").CONFIG.RECIPE == "pyslowfast"
+
+
+def test_test_crop_defaults_to_the_short_side(tmp_path: Path) -> None:
+    r2plus1d = load_config(REPO / "configs" / "gluoncv" / "r2plus1d_v1_resnet50_kinetics400.yaml").CONFIG.DATA
+    assert (r2plus1d.SHORT_SIDE_SIZE, r2plus1d.TEST_CROP_SIZE, r2plus1d.CROP_SIZE) == (128, 128, 112)
+    assert validate_config({}).CONFIG.DATA.TEST_CROP_SIZE == 256
+    data = load_config(write(tmp_path, "CONFIG:\n  DATA:\n    TEST_CROP_SIZE: 224\n")).CONFIG.DATA
+    assert (data.SHORT_SIDE_SIZE, data.TEST_CROP_SIZE) == (256, 224)
+
+
+WARMUP = ["CONFIG.TRAIN.USE_WARMUP", "true", "CONFIG.TRAIN.WARMUP_EPOCHS", "2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["CONFIG.TRAIN.RESUME_EPOCH", "3"], "CONFIG.TRAIN.RESUME_EPOCH: GluonCV's resume epoch is not supported; "
+         "resume with CONFIG.TRAIN.RESUME (a checkpoint path, or 'auto' for the run's newest)"),
+        (["CONFIG.TRAIN.WARMUP_END_LR", "0.1"], "CONFIG.TRAIN.WARMUP_END_LR: GluonCV's script never reads it"),
+        (["CONFIG.INFERENCE.FEAT", "true"], "CONFIG.INFERENCE.FEAT: feature extraction"),
+        (["CONFIG.MODEL.USE_AFFINE", "true"], "CONFIG.MODEL.USE_AFFINE: GluonCV's r2plus1d_v2 affine layers"),
+        (["CONFIG.DATA.NUM_CROP", "3"], "CONFIG.DATA.NUM_CROP: multi-crop training is not provided"),
+        (["CONFIG.TRAIN.MULTIGRID.LONG_CYCLE_EPOCH", "[5]"], "CONFIG.TRAIN.MULTIGRID.LONG_CYCLE_EPOCH: multigrid"),
+        (["CONFIG.MODEL.NAME", "i3d_resnet50_v1_kinetics400"],
+         "CONFIG.MODEL.PRETRAINED_BASE: GluonCV starts i3d_resnet50_v1_kinetics400 from ImageNet ResNet weights"),
+        (["CONFIG.TRAIN.ADAM_EPS", "1e-8"], "CONFIG.TRAIN.ADAM_EPS: only OPTIMIZER: AdamW uses it"),
+        (["CONFIG.TRAIN.OPTIMIZER", "AdamW", "CONFIG.TRAIN.NESTEROV", "true"],
+         "CONFIG.TRAIN.NESTEROV: only OPTIMIZER: SGD uses it"),
+        (["CONFIG.TRAIN.LR_POLICY", "Cosine", "CONFIG.TRAIN.STEP", "0.5"], "CONFIG.TRAIN.STEP: only LR_POLICY: Step"),
+        (["CONFIG.TRAIN.PRECISE_BN_BATCHES", "50"], "CONFIG.TRAIN.PRECISE_BN_BATCHES: only PRECISE_BN: True uses it"),
+        (["CONFIG.TRAIN.BASE_BATCH_SIZE", "128"], "CONFIG.TRAIN.BASE_BATCH_SIZE: only SCALE_LR: True uses it"),
+        (["CONFIG.TRAIN.WARMUP_EPOCHS", "5"], "CONFIG.TRAIN.WARMUP_EPOCHS: is 5 but USE_WARMUP is False"),
+        (["CONFIG.TRAIN.USE_WARMUP", "true"], "CONFIG.TRAIN.WARMUP_EPOCHS: is 0 but USE_WARMUP is True"),
+        (["CONFIG.RECIPE", "gluoncv", *WARMUP, "CONFIG.TRAIN.WARMUP_START_LR", "0.01"],
+         "CONFIG.TRAIN.WARMUP_START_LR: RECIPE gluoncv warms up from 0"),
+        (["CONFIG.RECIPE", "pyslowfast", "CONFIG.TRAIN.WARMUP_START_LR", "0.05"],
+         "CONFIG.TRAIN.WARMUP_START_LR: USE_WARMUP is False, so no warmup runs"),
+        (["CONFIG.TRAIN.EPOCH_NUM", "2", *WARMUP, "CONFIG.TRAIN.LR_POLICY", "Cosine"],
+         "CONFIG.TRAIN.EPOCH_NUM: is 2, not more than WARMUP_EPOCHS 2"),
+        (["CONFIG.MODEL.BN_FROZEN", "true", "CONFIG.TRAIN.SYNC_BN", "true"],
+         "CONFIG.TRAIN.SYNC_BN: MODEL.BN_FROZEN keeps every BatchNorm's statistics fixed"),
+        (["CONFIG.MODEL.FREEZE_BACKBONE", "true", "CONFIG.TRAIN.PRECISE_BN", "true"],
+         "CONFIG.TRAIN.PRECISE_BN: MODEL.FREEZE_BACKBONE keeps every BatchNorm's statistics fixed"),
+        (["CONFIG.MODEL.PARTIAL_BN", "true", "CONFIG.MODEL.BN_EVAL", "true"],
+         "CONFIG.MODEL.PARTIAL_BN: keeps the first BatchNorm training, which BN_EVAL freezes"),
+        (["CONFIG.DATA.TEST_CROP_SIZE", "300"], "CONFIG.DATA.TEST_CROP_SIZE: is 300, larger than SHORT_SIDE_SIZE 256"),
+        (["CONFIG.MODEL.DROPOUT_RATE", "1.5"], "CONFIG.MODEL.DROPOUT_RATE: Input should be less than 1"),
+        (["CONFIG.MODEL.PARTIAL_LOAD", "true"],
+         "CONFIG.MODEL.PARTIAL_LOAD: only LOAD: True or PRETRAINED: True (initial weights) use it"),
+        (["CONFIG.MODEL.PRETRAINED_PATH", "w.pth"],
+         "CONFIG.MODEL.PRETRAINED_PATH: only LOAD: True or PRETRAINED: True (initial weights) use it"),
+    ],
+    ids=lambda value: value[-2].rsplit(".", 1)[-1] if isinstance(value, list) else "",
+)
+def test_keys_that_would_do_nothing_are_refused_by_name(tmp_path: Path, overrides: list[str], expected: str) -> None:
+    message = error_of(tmp_path, "", overrides)
+    assert message.startswith(str(tmp_path / "cfg.yaml")) and expected in message, message
 
 
 # ---------------------------------------------------------------------------------------------------------------------

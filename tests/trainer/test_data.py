@@ -15,7 +15,7 @@ import torch
 
 from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
-from trainer.data.sampling import train_indices, val_indices, view_indices
+from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 from trainer.distributed import DistContext
 
@@ -23,18 +23,19 @@ SIZE, FRAMES = 32, 16
 
 DATA_DEFAULTS: dict[str, Any] = {
     "CLIP_LEN": 4, "FRAME_RATE": 2, "NUM_SEGMENT": 1, "NUM_CROP": 1,
-    "TEST_NUM_SEGMENT": 1, "TEST_NUM_CROP": 1,
+    "TEST_NUM_SEGMENT": 1, "TEST_NUM_CROP": 1, "TEST_CROP_SIZE": 24,
     "CROP_SIZE": 24, "SHORT_SIDE_SIZE": 32, "NEW_HEIGHT": 32, "NEW_WIDTH": 40, "KEEP_ASPECT_RATIO": False,
-    "NUM_WORKERS": 0, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False,
+    "NUM_WORKERS": 0, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
 }  # fmt: skip
 
 
-def make_cfg(data: dict[str, Any], batch_size: int = 4, **overrides: Any) -> SimpleNamespace:
-    """The cfg.CONFIG.{DATA,TRAIN,VAL} attribute paths the data package reads, as plain objects."""
+def make_cfg(data: dict[str, Any], batch_size: int = 4, recipe: str = "gluoncv", **overrides: Any) -> SimpleNamespace:
+    """The cfg.CONFIG.{RECIPE,DATA,TRAIN,VAL} attribute paths the data package reads, as plain objects."""
     return SimpleNamespace(
         CONFIG=SimpleNamespace(
+            RECIPE=recipe,
             DATA=SimpleNamespace(**{**DATA_DEFAULTS, **data, **overrides}),
-            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3),
+            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3, DROP_LAST=False),
             VAL=SimpleNamespace(BATCH_SIZE=batch_size),
         )
     )
@@ -112,13 +113,24 @@ def test_gluoncv_and_pyslowfast_lists_space_and_comma(tmp_path: Path) -> None:
     ]
 
 
+def test_paths_with_spaces_parse_in_both_formats(tmp_path: Path) -> None:
+    lines = ["air drumming/a b.mp4 300 5", "air drumming/c.mp4 4", "/abs/ice skating/d e.avi 120 0", "x 1 2 3"]
+    records = read_annotations(write_list(tmp_path / "list.txt", lines), tmp_path / "root")
+    assert [(Path(r.path), r.num_frames, r.label) for r in records] == [
+        (tmp_path / "root/air drumming/a b.mp4", 300, 5),
+        (tmp_path / "root/air drumming/c.mp4", None, 4),
+        (Path("/abs/ice skating/d e.avi"), 120, 0),
+        (tmp_path / "root/x 1", 2, 3),  # read from the right: label, then a frame count, the rest is the path
+    ]
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
         ("only_a_path.mp4", "expected 'path label'"),
-        ("a.mp4 1 2 3", "expected 'path label'"),
+        ("a.mp4,1,2,3", "expected 'path label'"),
         ("a.mp4 cat", "label must be an integer, got 'cat'"),
-        ("a.mp4 x 1", "num_frames must be an integer"),
+        ("a.mp4, x, 1", "num_frames must be an integer"),
         ("a.mp4 -1", "label must be >= 0"),
         ("a.mp4 5", "label 5 out of range for NUM_CLASSES=5"),
     ],
@@ -137,20 +149,22 @@ def test_class_index_plain_and_ucf101_forms(tmp_path: Path) -> None:
 
 
 def test_lists_from_class_folder_tree(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
+    # Class folders with spaces, as Kinetics has ("air drumming"): the lists name them verbatim and load back.
     source = Path(synthetic_dataset["TRAIN_DATA_PATH"]) / "train"
     root = tmp_path / "tree"
+    classes = ["moving left", "moving right"]
     for name in ("right", "left"):
-        shutil.copytree(source / name, root / name)
-    (root / "left" / "notes.txt").write_text("not a video")
-    (root / "right" / "broken.mp4").write_bytes(b"\x00" * 100)
+        shutil.copytree(source / name, root / f"moving {name}")
+    (root / "moving left" / "notes.txt").write_text("not a video")
+    (root / "moving right" / "broken.mp4").write_bytes(b"\x00" * 100)
     result = write_annotations_from_tree(root, tmp_path / "lists", val_fraction=0.25, seed=1)
-    assert result.classes == ["left", "right"]
-    assert read_class_index(result.class_index) == ["left", "right"]
-    assert [path for path, _ in result.skipped] == [str(root / "right" / "broken.mp4")]
+    assert result.classes == classes and read_class_index(result.class_index) == classes
+    assert [path for path, _ in result.skipped] == [str(root / "moving right" / "broken.mp4")]
+    assert "moving left/" in result.train.read_text()
     train, val = read_annotations(result.train, root, 2), read_annotations(result.val, root, 2)
     assert sorted(r.label for r in val) == [0, 0, 0, 1, 1, 1]
     assert len(train) == 18 and {r.num_frames for r in train + val} == {FRAMES}
-    assert all(Path(r.path).parent.name == ("left", "right")[r.label] for r in train + val)
+    assert all(Path(r.path).parent.name == classes[r.label] and Path(r.path).is_file() for r in train + val)
     assert not {r.path for r in train} & {r.path for r in val}
     again = write_annotations_from_tree(root, tmp_path / "again", val_fraction=0.25, seed=1)
     assert again.val.read_text() == result.val.read_text()
@@ -171,11 +185,16 @@ def test_train_indices_stay_in_each_segment_with_fixed_stride() -> None:
     assert len(starts) > 10  # the start really is random
 
 
-def test_val_and_test_views_are_centred_and_evenly_spaced() -> None:
+def test_val_clip_is_centred_and_test_views_follow_the_recipe() -> None:
     assert val_indices(20, 4, 2, 1).tolist() == [7, 9, 11, 13]  # span 7: starts 0..13, centre int(0.5 * 14)
-    assert view_indices(20, 4, 2, 1, 0, 1).tolist() == val_indices(20, 4, 2, 1).tolist()
-    starts = [int(view_indices(100, 4, 2, 1, v, 4)[0]) for v in range(4)]
-    assert starts == [11, 35, 58, 82]  # (v + 0.5) / 4 of the 94 possible starts
+    one = temporal_view_positions(1, "gluoncv")[0]
+    assert view_indices(20, 4, 2, 1, one).tolist() == val_indices(20, 4, 2, 1).tolist()
+    # 100 frames, span 7: starts 0..93. GluonCV spreads 4 views from the first to the last start, v / 3;
+    # PySlowFast starts view v at v / 4 of the way (get_start_end_idx: delta * v / num_clips), a single one at 0.
+    gluoncv = [int(view_indices(100, 4, 2, 1, p)[0]) for p in temporal_view_positions(4, "gluoncv")]
+    pyslowfast = [int(view_indices(100, 4, 2, 1, p)[0]) for p in temporal_view_positions(4, "pyslowfast")]
+    assert gluoncv == [0, 31, 62, 93] and pyslowfast == [0, 23, 47, 70]
+    assert temporal_view_positions(1, "pyslowfast") == [0.0]
     two = val_indices(40, 2, 3, 2)
     assert two.tolist() == [8, 11, 28, 31]  # centred in [0, 20) and [20, 40)
 
@@ -184,7 +203,7 @@ def test_short_videos_are_padded_with_their_last_frame() -> None:
     assert val_indices(5, 4, 2, 1).tolist() == [0, 2, 4, 4]
     assert train_indices(1, 3, 1, 1, np.random.default_rng(0)).tolist() == [0, 0, 0]
     # Segments shorter than a clip overlap the next one but never run off the end.
-    assert view_indices(10, 4, 2, 2, 1, 2).tolist() == [0, 2, 4, 6, 3, 5, 7, 9]
+    assert view_indices(10, 4, 2, 2, 1.0).tolist() == [0, 2, 4, 6, 3, 5, 7, 9]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -231,6 +250,12 @@ def test_test_split_has_one_item_per_view(
     assert all(item["video"].shape == (3, 4, 24, 24) and item["label"] == 0 for item in items)
     distinct = {tuple(item["video"].flatten()[::97].tolist()) for item in items}
     assert len(distinct) == views
+
+
+def test_test_views_take_test_crop_size_and_validation_takes_crop_size(synthetic_dataset: dict[str, Any]) -> None:
+    cfg = make_cfg(synthetic_dataset, TEST_CROP_SIZE=32, TEST_NUM_CROP=3)  # the whole 32 px short side
+    assert build_dataset(cfg, "test")[1]["video"].shape == (3, 4, 32, 32)
+    assert build_dataset(cfg, "val")[1]["video"].shape == (3, 4, 24, 24)
 
 
 def test_multi_segment_clips_concatenate_along_time(synthetic_dataset: dict[str, Any]) -> None:

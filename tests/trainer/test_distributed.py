@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from tests.trainer._dist_entry import precise_bn_batches
 from trainer.config import Config, validate_config
 from trainer.distributed import (
     DistContext,
@@ -115,6 +116,20 @@ def assert_world(recs: list[dict[str, Any]], world: int, per_node: int) -> None:
         assert (rec["gpu_world_rank"], rec["gpu_world_size"], rec["gpu"]) == (rank, world, rec["local_rank"])
         assert rec["distributed"] and rec["group_initialized"] and rec["device"] == "cpu"
     assert len({rec["pid"] for rec in recs}) == world
+    assert_precise_bn_averaged_over_ranks([rec["precise_bn"] for rec in recs])
+
+
+def assert_precise_bn_averaged_over_ranks(stats: list[dict[str, Any]]) -> None:
+    """Every rank ends with the same statistics: the mean over every rank's batches of each batch's mean and
+    unbiased variance (rank 1's empty second batch is skipped on all ranks alike)."""
+    batches = [b["video"] for rank in range(len(stats)) for i, b in enumerate(precise_bn_batches(rank)) if i != 1]
+    mean = torch.stack([b.mean(dim=(0, 2, 3, 4)) for b in batches]).mean(dim=0)
+    var = torch.stack([b.transpose(0, 1).reshape(3, -1).var(dim=1) for b in batches]).mean(dim=0)
+    for rank_stats in stats:
+        assert rank_stats == stats[0]  # identical on every rank, to the bit
+    assert stats[0]["used"] == len(batches)
+    torch.testing.assert_close(torch.tensor(stats[0]["mean"]), mean.float())
+    torch.testing.assert_close(torch.tensor(stats[0]["var"]), var.float())
 
 
 def test_two_nodes_rank_is_node_rank_times_workers_plus_local(tmp_path: Path) -> None:
@@ -234,8 +249,9 @@ PROBE = textwrap.dedent(
     from trainer.config import DDPConfig
     from trainer.distributed import DistributedError, _proc_addresses, local_addresses, resolve_node_rank
 
-    def rank(urls):
-        ddp = DDPConfig(AUTO_RANK_MATCH=True, WORLD_SIZE=len(urls), WOLRD_URLS=urls, DIST_URL=f"tcp://{urls[0]}:29500")
+    def rank(urls, world_rank=0):
+        ddp = DDPConfig(AUTO_RANK_MATCH=True, WORLD_SIZE=len(urls), WOLRD_URLS=urls, DIST_URL=f"tcp://{urls[0]}:29500",
+                        WORLD_RANK=world_rank)
         try:
             return resolve_node_rank(ddp)
         except DistributedError as exc:
@@ -246,6 +262,8 @@ PROBE = textwrap.dedent(
         "v6": rank(["10.231.9.9", "fd00:231::7"]),
         "none": rank(["10.231.9.9", "10.231.9.10"]),
         "both": rank(["10.231.0.5", "10.231.1.7"]),
+        "claimed_right": rank(["10.231.9.9", "10.231.1.7", "10.231.2.2"], world_rank=1),
+        "claimed_wrong": rank(["10.231.9.9", "10.231.1.7", "10.231.2.2"], world_rank=2),
         "addresses": local_addresses(),
         "proc": [a for _, a in _proc_addresses()],
     }))
@@ -295,3 +313,9 @@ def test_auto_rank_match_errors_list_the_addresses(probe: dict[str, Any]) -> Non
     for addr in ("10.231.9.9", "10.231.9.10", "10.231.0.5 (vct0)", "10.231.1.7 (vct0)", "127.0.0.1 (lo)"):
         assert addr in message
     assert "ambiguous" in probe["both"] and "[0, 1]" in probe["both"]
+
+
+def test_auto_rank_match_checks_a_world_rank_the_file_claims(probe: dict[str, Any]) -> None:
+    # 0 (GluonCV's tutorial file on every node) leaves the rank to the match; any other rank must agree with it.
+    assert probe["v4"] == 1 and probe["claimed_right"] == 1
+    assert probe["claimed_wrong"].startswith("DDP_CONFIG.WORLD_RANK is 2 but AUTO_RANK_MATCH finds this host at rank 1")

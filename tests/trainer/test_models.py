@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torchvision.models import video
 
-from trainer.models import FinetuneReport, build_model, list_models, load_finetune, registry
+from trainer.models import build_model, list_models, registry
 from trainer.models.blocks import Bottleneck
 
 torch.set_num_threads(1)
@@ -167,58 +167,3 @@ def test_a_new_model_file_with_a_decorator_is_buildable(
     model = build_model("my_alias", 4)
     assert model(torch.randn(2, 3, 4, 8, 8)).shape == (2, 4)
     assert model.needs_unused_parameters is False
-
-
-def _assert_all_but_head_equal(source: nn.Module, target: nn.Module, report: FinetuneReport) -> None:
-    src, dst = source.state_dict(), target.state_dict()
-    for name, tensor in dst.items():
-        if name.startswith("head.fc."):
-            assert name in report.not_in_checkpoint
-        else:
-            assert torch.equal(tensor, src[name]), name
-            assert name in report.loaded
-
-
-def test_finetune_reuses_everything_but_a_head_of_another_size(tmp_path: Path) -> None:
-    trained = build_model("slowfast_tiny", 5)
-    with torch.no_grad():
-        for tensor in trained.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.uniform_(-1, 1)  # distinguishable from any fresh initialisation
-    path = tmp_path / "best.pth"
-    torch.save({"model": trained.state_dict(), "epoch": 3, "config": "CONFIG: {}"}, path)
-
-    model = build_model("slowfast_tiny", 3)
-    fresh_head = model.head.fc.weight.detach().clone()
-    report = load_finetune(model, path)
-
-    features = model.head.fc.in_features
-    assert report.skipped == {
-        "head.fc.weight": f"shape (5, {features}) vs (3, {features})",
-        "head.fc.bias": "shape (5,) vs (3,)",
-    }
-    assert torch.equal(model.head.fc.weight, fresh_head)
-    _assert_all_but_head_equal(trained, model, report)
-    assert f"skipped head.fc.weight: shape (5, {features}) vs (3, {features})" in report.summary()
-
-
-@pytest.mark.parametrize("wrap", ["raw", "state_dict", "model_state"])
-def test_finetune_accepts_other_checkpoint_layouts_and_ddp_prefixes(tmp_path: Path, wrap: str) -> None:
-    trained = build_model("i3d_tiny", 4)
-    state = {f"module.{name}": tensor for name, tensor in trained.state_dict().items()}
-    state["module.extra.weight"] = torch.zeros(2)
-    path = tmp_path / "ckpt.pth"
-    torch.save(state if wrap == "raw" else {wrap: state, "optimizer": {}}, path)
-
-    model = build_model("i3d_tiny", 4)
-    report = load_finetune(model, path)
-
-    assert report.skipped == {"extra.weight": "missing in model"}
-    assert report.not_in_checkpoint == []
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(tensor, trained.state_dict()[name]), name
-
-
-def test_finetune_missing_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"nope\.pth"):
-        load_finetune(build_model("i3d_tiny", 2), tmp_path / "nope.pth")

@@ -1,9 +1,10 @@
 """Annotation lists: GluonCV (`path num_frames label`) and PySlowFast (`path label`), space or comma
 separated.
 
-Paths are relative to a data root (absolute paths are used as they are). Blank lines and `#` comments are
-skipped. `write_annotations_from_tree` builds train/val lists and a class index from a
-`root/<class_name>/<video>` tree.
+Paths are relative to a data root (absolute paths are used as they are) and may hold spaces (Kinetics class
+folders such as `air drumming/`): a line is read from the right, the label last, then the frame count if the
+token before the label is an integer. Blank lines and `#` comments are skipped.
+`write_annotations_from_tree` builds train/val lists and a class index from a `root/<class_name>/<video>` tree.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.errors import UserError
+
 VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg"})
 
 
-class AnnotationError(ValueError):
+class AnnotationError(UserError, ValueError):
     """A malformed annotation or class-index file; the message names the file and line."""
 
 
@@ -40,10 +43,15 @@ class TreeAnnotations:
 
 
 def _split_fields(line: str) -> list[str]:
-    # A comma anywhere means a CSV-style line (PySlowFast allows both); otherwise any whitespace separates.
+    """[path, label] or [path, num_frames, label]; the path keeps its inner spaces."""
+    # A comma anywhere means a CSV-style line (PySlowFast allows both); otherwise whitespace separates.
     if "," in line:
         return [part.strip() for part in line.split(",")]
-    return line.split()
+    tokens = line.rsplit(maxsplit=2)
+    if len(tokens) == 3 and not tokens[1].lstrip("-").isdigit():
+        # `some path.mp4 LABEL`: the middle token belongs to the path.
+        tokens = line.rsplit(maxsplit=1)
+    return tokens
 
 
 def _parse_int(text: str, what: str, where: str) -> int:

@@ -27,11 +27,12 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from trainer.data.annotations import VideoRecord, read_annotations
-from trainer.data.sampling import train_indices, val_indices, view_indices
-from trainer.data.transforms import crop_positions, eval_transform, train_transform
+from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_transform, train_transform
+from trainer.errors import first_line
 
 if TYPE_CHECKING:
-    from trainer.config import Config, DataConfig
+    from trainer.config import Config
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
@@ -60,9 +61,14 @@ class ClipSpec:
     keep_aspect_ratio: bool
     test_num_segment: int
     test_num_crop: int
+    test_crop_size: int
+    test_positions: tuple[float, ...]  # where each temporal test view starts (sampling.temporal_view_positions)
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
 
     @classmethod
-    def from_config(cls, data: DataConfig) -> ClipSpec:
+    def from_config(cls, cfg: Config) -> ClipSpec:
+        data = cfg.CONFIG.DATA
         return cls(
             clip_len=data.CLIP_LEN,
             frame_rate=data.FRAME_RATE,
@@ -76,18 +82,17 @@ class ClipSpec:
             keep_aspect_ratio=data.KEEP_ASPECT_RATIO,
             test_num_segment=data.TEST_NUM_SEGMENT,
             test_num_crop=data.TEST_NUM_CROP,
+            test_crop_size=data.TEST_CROP_SIZE,
+            test_positions=tuple(temporal_view_positions(data.TEST_NUM_SEGMENT, cfg.CONFIG.RECIPE)),
+            # [] until the trainer resolves it from the initial weights; no weights means ImageNet's
+            mean=tuple(data.MEAN) or IMAGENET_MEAN,
+            std=tuple(data.STD) or IMAGENET_STD,
         )
 
     @property
     def decode_size(self) -> tuple[int, int]:
         """(width, height) for VideoReader; -1 keeps the native size."""
         return (-1, -1) if self.keep_aspect_ratio else (self.new_width, self.new_height)
-
-
-def first_line(exc: BaseException) -> str:
-    """Decord errors carry a multi-line C++ trace; the first line says what went wrong."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def open_video(path: str, width: int = -1, height: int = -1) -> decord.VideoReader:
@@ -170,16 +175,17 @@ class VideoClipDataset(Dataset):
             rng = np.random.default_rng((self.seed, epoch, index))
             frames = decode_clip(record.path, lambda n: train_indices(n, *clip, rng), *spec.decode_size)
             video = train_transform(
-                frames, spec.crop_size, spec.short_side, spec.scale_jitter, spec.random_flip, rng
+                frames, spec.crop_size, spec.short_side, spec.scale_jitter, spec.random_flip, rng, spec.mean, spec.std
             )
         elif self.split == "val":
             frames = decode_clip(record.path, lambda n: val_indices(n, *clip), *spec.decode_size)
-            video = eval_transform(frames, spec.crop_size, spec.short_side)
+            video = eval_transform(frames, spec.crop_size, spec.short_side, 0.5, spec.mean, spec.std)
         else:
             temporal, spatial = divmod(view, spec.test_num_crop)
-            pick = (temporal, spec.test_num_segment)
-            frames = decode_clip(record.path, lambda n: view_indices(n, *clip, *pick), *spec.decode_size)
-            video = eval_transform(frames, spec.crop_size, spec.short_side, self.crop_positions[spatial])
+            start = spec.test_positions[temporal]
+            frames = decode_clip(record.path, lambda n: view_indices(n, *clip, start), *spec.decode_size)
+            position = self.crop_positions[spatial]
+            video = eval_transform(frames, spec.test_crop_size, spec.short_side, position, spec.mean, spec.std)
         return {"video": video, "label": record.label, "index": index}
 
 
@@ -191,4 +197,4 @@ def build_dataset(cfg: Config, split: Split) -> VideoClipDataset:
     else:
         anno, root = data.VAL_ANNO_PATH, data.VAL_DATA_PATH
     records = read_annotations(anno, root, num_classes=data.NUM_CLASSES)
-    return VideoClipDataset(records, split, ClipSpec.from_config(data), seed=cfg.CONFIG.TRAIN.SEED)
+    return VideoClipDataset(records, split, ClipSpec.from_config(cfg), seed=cfg.CONFIG.TRAIN.SEED)

@@ -79,6 +79,7 @@ def build_loader(
     dataset: VideoClipDataset, cfg: Config, split: Split, ctx: DistContext | None = None
 ) -> DataLoader:
     """DataLoader of a split for this process; BATCH_SIZE is per process (TRAIN for train, VAL for val/test).
+    TRAIN.DROP_LAST drops a training epoch's last incomplete batch on every rank (the shards are equal).
 
     `ctx` is None or has .distributed, .rank and .world_size (trainer.distributed.DistContext).
     """
@@ -87,15 +88,16 @@ def build_loader(
     sampler: Sampler[Any]
     if split == "train":
         sampler = EpochDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        batch_size = cfg.CONFIG.TRAIN.BATCH_SIZE
+        batch_size, drop_last = cfg.CONFIG.TRAIN.BATCH_SIZE, cfg.CONFIG.TRAIN.DROP_LAST
     else:
         sampler = ShardSampler(len(dataset), rank, world)
-        batch_size = cfg.CONFIG.VAL.BATCH_SIZE
+        batch_size, drop_last = cfg.CONFIG.VAL.BATCH_SIZE, False
     workers = cfg.CONFIG.DATA.NUM_WORKERS
     return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
+        drop_last=drop_last,
         num_workers=workers,
         collate_fn=collate_clips,
         worker_init_fn=seed_worker,

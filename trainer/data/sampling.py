@@ -2,8 +2,8 @@
 
 A clip is CLIP_LEN frames taken FRAME_RATE apart (span = (CLIP_LEN - 1) * FRAME_RATE + 1 frames). The video is
 cut into NUM_SEGMENT equal segments and one clip is placed in each; the clips are concatenated along time.
-Where a clip starts inside its segment is a fraction in [0, 1): random for training, 0.5 (centre) for
-validation, and (v + 0.5) / TEST_NUM_SEGMENT for test view v (evenly spaced, as GluonCV's test ticks). A
+Where a clip starts inside its segment is a fraction in [0, 1] of the starts that fit: random for training, 0.5
+(centre) for validation, and for the test views what the recipe's source does (see `temporal_view_positions`). A
 segment shorter than the span starts its clip as late as still fits in the video; indices past the last frame
 are clamped to it, so a short video is padded by repeating its last frame.
 """
@@ -21,7 +21,7 @@ def clip_span(clip_len: int, frame_rate: int) -> int:
 def clip_indices(
     num_frames: int, clip_len: int, frame_rate: int, num_segment: int, positions: np.ndarray
 ) -> np.ndarray:
-    """Frame indices [num_segment * clip_len] (int64); positions[k] in [0, 1) places the clip in segment k."""
+    """Frame indices [num_segment * clip_len] (int64); positions[k] in [0, 1] places the clip in segment k."""
     if num_frames < 1:
         raise ValueError("video has no frames")
     span = clip_span(clip_len, frame_rate)
@@ -46,11 +46,23 @@ def val_indices(num_frames: int, clip_len: int, frame_rate: int, num_segment: in
     return clip_indices(num_frames, clip_len, frame_rate, num_segment, np.full(num_segment, 0.5))
 
 
+def temporal_view_positions(num_views: int, recipe: str) -> list[float]:
+    """Where each temporal test view starts, as a fraction of the starts that fit (0 = first frame, 1 = as late as
+    the clip fits).
+
+    gluoncv: evenly from the very start to the very end, v / (N - 1) (GluonCV's VideoClsDataset test mode; a single
+    view, which GluonCV's formula cannot place, is the centred validation clip). pyslowfast: v / N, PySlowFast's
+    ``decoder.get_start_end_idx`` without offset sampling (a single view starts at the first frame).
+    """
+    if num_views < 1:
+        raise ValueError(f"need at least one temporal view, got {num_views}")
+    if recipe == "pyslowfast":
+        return [v / num_views for v in range(num_views)]
+    return [0.5] if num_views == 1 else [v / (num_views - 1) for v in range(num_views)]
+
+
 def view_indices(
-    num_frames: int, clip_len: int, frame_rate: int, num_segment: int, view: int, num_views: int
+    num_frames: int, clip_len: int, frame_rate: int, num_segment: int, position: float
 ) -> np.ndarray:
-    """Temporal test view `view` of `num_views`, evenly spaced; one view is the centred validation clip."""
-    if not 0 <= view < num_views:
-        raise ValueError(f"view {view} out of range for {num_views} temporal views")
-    position = (view + 0.5) / num_views
+    """A test view: the clip of each segment placed at ``position`` (from `temporal_view_positions`)."""
     return clip_indices(num_frames, clip_len, frame_rate, num_segment, np.full(num_segment, position))

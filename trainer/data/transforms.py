@@ -2,10 +2,12 @@
 
 Every spatial transform is one `resized_crop` on uint8: we pick the input region that would become the crop
 after a short-side resize and resize only that region, which gives the same picture as resize-then-crop at a
-fraction of the cost. Normalisation (ImageNet mean/std) happens last, on the small crop.
+fraction of the cost. Normalisation (the clip spec's mean/std, CONFIG.DATA.MEAN/STD) happens last, on the small crop.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -16,7 +18,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def crop_positions(num_crops: int) -> list[float]:
-    """Where test crops sit along the long side (0 = start, 1 = end): 1 -> centre, 3 -> left/centre/right."""
+    """Where test crops sit along the long side (0 = start, 1 = end): 1 -> centre, 3 -> left/centre/right, as
+    GluonCV (split / (crops - 1)), PySlowFast (uniform_crop) and MMAction2 (ThreeCrop) place them."""
     if num_crops < 1:
         raise ValueError(f"need at least one crop, got {num_crops}")
     return [0.5] if num_crops == 1 else np.linspace(0.0, 1.0, num_crops).tolist()
@@ -33,10 +36,13 @@ def crop_box(
     return round((height - side) * fy), round((width - side) * fx), side
 
 
-def normalize(frames: torch.Tensor) -> torch.Tensor:
-    """uint8 [T, C, H, W] -> float32 [C, T, H, W] with ImageNet mean/std, in one fused multiply-subtract."""
-    mean = torch.tensor(IMAGENET_MEAN).view(-1, 1, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(-1, 1, 1, 1)
+def normalize(
+    frames: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
+) -> torch.Tensor:
+    """uint8 [T, C, H, W] -> float32 [C, T, H, W] normalised by per-channel ``mean``/``std`` (of [0, 1] values),
+    in one fused multiply-subtract."""
+    mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1, 1)
+    std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1, 1)
     video = frames.permute(1, 0, 2, 3).to(torch.float32)
     return video.mul_(1.0 / (255.0 * std)).sub_(mean / std).contiguous()
 
@@ -56,6 +62,8 @@ def train_transform(
     scale_jitter: tuple[float, float],
     flip: bool,
     rng: np.random.Generator,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
 ) -> torch.Tensor:
     """Short side resized to short_side * U(scale_jitter), random crop, optional h-flip, normalise."""
     jittered = short_side * rng.uniform(*scale_jitter)
@@ -64,13 +72,18 @@ def train_transform(
     video = _resized_crop(frames, crop_size, max(jittered, crop_size), fy, fx)
     if flip and rng.random() < 0.5:
         video = TF.horizontal_flip(video)
-    return normalize(video)
+    return normalize(video, mean, std)
 
 
 def eval_transform(
-    frames: np.ndarray, crop_size: int, short_side: int, position: float = 0.5
+    frames: np.ndarray,
+    crop_size: int,
+    short_side: int,
+    position: float = 0.5,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
 ) -> torch.Tensor:
     """Short side resized to short_side, then a crop_size square at `position` along the long side."""
     height, width = frames.shape[1:3]
     fy, fx = (0.5, position) if width >= height else (position, 0.5)
-    return normalize(_resized_crop(frames, crop_size, short_side, fy, fx))
+    return normalize(_resized_crop(frames, crop_size, short_side, fy, fx), mean, std)

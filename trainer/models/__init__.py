@@ -1,4 +1,4 @@
-"""Video models: a name registry, the model files that fill it, and fine-tune loading.
+"""Video models: a name registry and the model files that fill it (weights loading: :mod:`trainer.weights`).
 
 Every module in this package is imported here, so a new model is one new ``.py`` file whose builder carries
 ``@register_model("name", "alias", ...)``; nothing else needs editing.
@@ -7,10 +7,9 @@ Every module in this package is imported here, so a new model is one new ``.py``
 import importlib
 import pkgutil
 
-from .finetune import FinetuneReport, load_finetune
 from .registry import build_model, list_models, register_model
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["FinetuneReport", "build_model", "list_models", "load_finetune", "register_model"]
+__all__ = ["build_model", "list_models", "register_model"]

@@ -1,5 +1,6 @@
 """ResNet-3D family from one builder: I3D ResNet-50 (GluonCV ``i3d_resnet50_v1``) and Slow-only ResNet-50
-(GluonCV ``i3d_slow_resnet50_*``, PySlowFast ``SLOW_8x8_R50``), plus tiny CPU variants.
+(GluonCV ``i3d_slow_resnet50_*``, PySlowFast ``SLOW_8x8_R50``, pytorchvideo ``slow_r50``), PySlowFast's I3D
+(``I3D_8x8_R50``, pytorchvideo ``i3d_r50``), plus tiny CPU variants.
 
 The variants differ only in their :class:`ResNet3dSpec`: stem temporal kernel and strides, per-stage temporal
 kernel patterns, and I3D's extra temporal max-pool after res2.
@@ -44,6 +45,9 @@ I3D_R50 = ResNet3dSpec(
     pool1_temporal_stride=2,
     pool2=True,
 )
+# PySlowFast I3D_8x8_R50 (pytorchvideo i3d_r50): the same kernels on 8-frame clips, so conv1 and pool1 keep the
+# temporal resolution (stride 1); only the pool after res2 halves time.
+I3D_R50_PYSLOWFAST = replace(I3D_R50, stem_temporal_stride=1, pool1_temporal_stride=1)
 # Slow-only: no temporal downsampling, temporal kernels only in res4/res5 (PySlowFast "slow" basis).
 SLOW_R50 = ResNet3dSpec(stem_temporal_kernel=1, temporal_patterns=((1,), (1,), (3,), (3,)))
 
@@ -96,8 +100,16 @@ def i3d_resnet50(num_classes: int, dropout: float = 0.5) -> nn.Module:
     return ResNet3d(replace(I3D_R50, dropout=dropout), num_classes)
 
 
+@register_model("i3d_resnet50_pyslowfast", "i3d_8x8_r50", "i3d_r50")
+def i3d_resnet50_pyslowfast(num_classes: int, dropout: float = 0.5) -> nn.Module:
+    """I3D ResNet-50 as PySlowFast (I3D_8x8_R50) and pytorchvideo (i3d_r50) build it: 8 x 8 clips."""
+    return ResNet3d(replace(I3D_R50_PYSLOWFAST, dropout=dropout), num_classes)
+
+
 @register_model(
     "slow_resnet50",
+    "slow_8x8_r50",
+    "slow_r50",
     "i3d_slow_resnet50_f8s8_kinetics400",
     "i3d_slow_resnet50_f16s4_kinetics400",
     "i3d_slow_resnet50_f32s2_kinetics400",

@@ -111,14 +111,22 @@ class SlowFast(nn.Module):
 
 
 @register_model(
-    "slowfast_4x16_resnet50", "slowfast_4x16_resnet50_kinetics400", "slowfast_4x16_resnet50_custom"
+    "slowfast_4x16_resnet50",
+    "slowfast_4x16_resnet50_kinetics400",
+    "slowfast_4x16_resnet50_custom",
+    "slowfast_4x16_r50",  # PySlowFast's config name
 )
 def slowfast_4x16_resnet50(num_classes: int, dropout: float = 0.5) -> nn.Module:
     """SlowFast R50 4x16: 32-frame clip (stride 2), Slow pathway 4 frames."""
     return SlowFast(replace(SLOWFAST_4X16_R50, dropout=dropout), num_classes)
 
 
-@register_model("slowfast_8x8_resnet50", "slowfast_8x8_resnet50_kinetics400")
+@register_model(
+    "slowfast_8x8_resnet50",
+    "slowfast_8x8_resnet50_kinetics400",
+    "slowfast_8x8_r50",  # PySlowFast's config name
+    "slowfast_r50",  # pytorchvideo's hub name
+)
 def slowfast_8x8_resnet50(num_classes: int, dropout: float = 0.5) -> nn.Module:
     """SlowFast R50 8x8: 32-frame clip (stride 2), Slow pathway 8 frames."""
     return SlowFast(replace(SLOWFAST_8X8_R50, dropout=dropout), num_classes)

@@ -1,8 +1,8 @@
 """torchvision's video models by name, randomly initialised with a ``num_classes`` head.
 
-Weights are never downloaded (``weights=None``): nodes may be offline, and fine-tuning from a local file goes
-through :func:`trainer.models.finetune.load_finetune`. Input sizes: the ResNets, S3D and Swin3D take any clip;
-MViT needs exactly 16 x 224 x 224.
+Weights are never downloaded here (``weights=None``): nodes may be offline. torchvision's Kinetics weights come from
+the cache filled by ``python -m trainer fetch-weights NAME`` (:mod:`trainer.weights`). Input sizes: the ResNets, S3D
+and Swin3D take any clip; MViT needs exactly 16 x 224 x 224.
 """
 
 from __future__ import annotations

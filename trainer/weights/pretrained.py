@@ -1,0 +1,95 @@
+"""What a run starts from: ``CONFIG.MODEL.PRETRAINED`` (published weights) or ``LOAD`` + ``PRETRAINED_PATH`` (a local
+file in any supported format), the normalisation those weights expect, and loading them into the model."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from trainer.weights import zoo
+from trainer.weights.formats import WeightsError, WeightsFile, read_weights
+from trainer.weights.loading import LoadReport, load_weights
+
+if TYPE_CHECKING:
+    from trainer.config import Config
+
+log = logging.getLogger("trainer")
+
+# The input normalisation each format's weights were trained with (torchvision's: per model, from its zoo entry).
+FORMAT_NORMALISATION = {
+    "pyslowfast": zoo.KINETICS, "caffe2": zoo.KINETICS, "pytorchvideo": zoo.KINETICS, "gluoncv": zoo.IMAGENET,
+}
+
+
+@dataclass(frozen=True)
+class InitialWeights:
+    path: Path
+    origin: str  # for logs: "the gluoncv Kinetics-400 weights" or "CONFIG.MODEL.PRETRAINED_PATH"
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def pretrained_file(cfg: Config) -> Path:
+    """The local file of the published weights of MODEL.NAME: PRETRAINED_PATH if set, else the cache; verified."""
+    model = cfg.CONFIG.MODEL
+    entry = zoo.entry_for(model.NAME)
+    path = Path(model.PRETRAINED_PATH) if model.PRETRAINED_PATH else zoo.cached_path(entry)
+    if not path.is_file():
+        raise WeightsError(
+            f"CONFIG.MODEL.PRETRAINED: the {entry.source} weights of {model.NAME} are not at {path}; fetch them once "
+            f"with 'python -m trainer fetch-weights {model.NAME}' (training never downloads)"
+        )
+    zoo.verify(entry, path, model.NAME)
+    return path
+
+
+def _normalisation(cfg: Config, source: WeightsFile) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    if source.format == "vidcluster" and source.inference.get("clip"):
+        clip = source.inference["clip"]
+        return tuple(clip["mean"]), tuple(clip["std"])
+    if source.format in FORMAT_NORMALISATION:
+        return FORMAT_NORMALISATION[source.format]
+    if source.format == "torchvision":
+        try:
+            entry = zoo.entry_for(cfg.CONFIG.MODEL.NAME)
+            return entry.mean, entry.std
+        except WeightsError:
+            pass  # torchvision-named weights for a model torchvision publishes none for: ImageNet, as default
+    return zoo.IMAGENET
+
+
+def initial_weights(cfg: Config) -> InitialWeights | None:
+    """What MODEL.PRETRAINED / LOAD ask the run to start from (checked to exist and, for zoo files, verified);
+    None for a random initialisation."""
+    model = cfg.CONFIG.MODEL
+    if model.PRETRAINED:
+        entry = zoo.entry_for(model.NAME)
+        return InitialWeights(pretrained_file(cfg), f"the {entry.source} Kinetics-400 weights", entry.mean, entry.std)
+    if model.LOAD:
+        source = read_weights(model.PRETRAINED_PATH)
+        mean, std = _normalisation(cfg, source)
+        return InitialWeights(source.path, "CONFIG.MODEL.PRETRAINED_PATH", mean, std)
+    return None
+
+
+def resolve_normalisation(cfg: Config, init: InitialWeights | None) -> None:
+    """Fill DATA.MEAN / DATA.STD left empty with what the initial weights expect (ImageNet's without weights)."""
+    data = cfg.CONFIG.DATA
+    mean, std = (init.mean, init.std) if init is not None else zoo.IMAGENET
+    if not data.MEAN:
+        data.MEAN = [float(v) for v in mean]
+    if not data.STD:
+        data.STD = [float(v) for v in std]
+
+
+def initialise(model: nn.Module, cfg: Config, init: InitialWeights) -> LoadReport:
+    """Load ``init`` into ``model`` (all of it, or an error unless MODEL.PARTIAL_LOAD) and log what happened."""
+    report = load_weights(model, init.path, allow_partial=cfg.CONFIG.MODEL.PARTIAL_LOAD,
+                          model_name=cfg.CONFIG.MODEL.NAME)
+    log.log(logging.INFO if report.complete else logging.WARNING, "initialised from %s: %s", init.origin,
+            report.summary())
+    return report

@@ -1,0 +1,231 @@
+"""The published Kinetics-400 weights behind ``CONFIG.MODEL.PRETRAINED: True``, and the cache they are fetched into.
+
+``python -m trainer fetch-weights NAME`` downloads the weights of model NAME once into the cache and verifies them;
+the trainer itself never downloads: it reads the cache (or ``CONFIG.MODEL.PRETRAINED_PATH``) and fails with one
+line saying how to fetch when the file is not there.
+
+Cache layout: ``<cache>/<source>/<file name as published>``, e.g.
+``~/.cache/vidcluster/weights/gluoncv/slowfast_8x8_resnet50_kinetics400-e94e9a57.pth``. A mirror is a directory laid
+out the same way, served over HTTP(S): with ``VIDCLUSTER_WEIGHTS_URL=http://host/dir`` (or ``--base-url``) a file is
+fetched from ``http://host/dir/<source>/<file>`` instead of the source's own site.
+
+Checksums, by what each source publishes (``checksum_kind``):
+
+* ``sha1``: the full SHA-1 that GluonCV publishes for each file (gluoncv 0.10.5, ``torch/model_zoo/model_store.py``).
+* ``sha256-prefix``: the leading SHA-256 hex digits that torchvision puts in the file name (torchvision's own check).
+* ``recorded``: PySlowFast and pytorchvideo publish no checksum. The SHA-256 is recorded next to the file on first
+  fetch (``<file>.sha256``), printed, and every later use is verified against that record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from trainer.weights.formats import WeightsError
+
+CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
+URL_ENV = "VIDCLUSTER_WEIGHTS_URL"
+DEFAULT_CACHE = "~/.cache/vidcluster/weights"
+RECORD_SUFFIX = ".sha256"
+
+IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)  # GluonCV
+KINETICS = ((0.45, 0.45, 0.45), (0.225, 0.225, 0.225))  # PySlowFast and pytorchvideo
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    source: str  # gluoncv, pyslowfast, pytorchvideo or torchvision
+    url: str
+    format: str  # how the file is written (trainer.weights.formats)
+    checksum_kind: str  # sha1, sha256-prefix or recorded (see the module doc)
+    checksum: str  # hex digits; '' when recorded on first fetch
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    models: tuple[str, ...]  # model names (as in CONFIG.MODEL.NAME, lower case) these weights are for
+
+    @property
+    def file(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+
+def _gluoncv(name: str, sha1: str, *also: str) -> ZooEntry:
+    url = f"https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/torch/models/{name}-{sha1[:8]}.pth"
+    return ZooEntry("gluoncv", url, "gluoncv", "sha1", sha1, *IMAGENET, (name, *also))
+
+
+def _pyslowfast(file: str, *models: str) -> ZooEntry:
+    url = f"https://dl.fbaipublicfiles.com/pyslowfast/model_zoo/kinetics400/{file}"
+    return ZooEntry("pyslowfast", url, "caffe2", "recorded", "", *KINETICS, models)
+
+
+def _pytorchvideo(file: str, *models: str) -> ZooEntry:
+    url = f"https://dl.fbaipublicfiles.com/pytorchvideo/model_zoo/kinetics/{file}"
+    return ZooEntry("pytorchvideo", url, "pytorchvideo", "recorded", "", *KINETICS, models)
+
+
+def _torchvision_entries() -> Iterator[ZooEntry]:
+    """torchvision's Kinetics-400 weights of the torchvision models we register, as torchvision describes them."""
+    from torchvision.models import get_model_weights
+
+    from trainer.models.torchvision_zoo import TORCHVISION_VIDEO_MODELS
+
+    for name in TORCHVISION_VIDEO_MODELS:
+        weights = get_model_weights(name).KINETICS400_V1
+        transform = weights.transforms()
+        prefix = weights.url.rsplit("-", 1)[-1].split(".")[0]
+        yield ZooEntry("torchvision", weights.url, "torchvision", "sha256-prefix", prefix,
+                       tuple(transform.mean), tuple(transform.std), (name, f"torchvision_{name}"))
+
+
+# GluonCV names and SHA-1s from gluoncv 0.10.5; '_custom' models start from the same Kinetics weights (GluonCV drops
+# their classifier, as our loader re-initialises a classifier of another size).
+ZOO: tuple[ZooEntry, ...] = (
+    _gluoncv("slowfast_4x16_resnet50_kinetics400", "1d1eadb258ccfc0c117db0ff0eaf1638d18405b3",
+             "slowfast_4x16_resnet50", "slowfast_4x16_resnet50_custom"),
+    _gluoncv("slowfast_8x8_resnet50_kinetics400", "e94e9a57eaa2f4dde12673bc6632f9aa090d8c21", "slowfast_8x8_resnet50"),
+    _gluoncv("i3d_resnet50_v1_kinetics400", "185454973645ff66b6310e715863384db135d87f",
+             "i3d_resnet50", "i3d_resnet50_v1_custom"),
+    _gluoncv("i3d_slow_resnet50_f8s8_kinetics400", "1c3d98a1831ee477def36d6085635c2860db0b77"),
+    _gluoncv("i3d_slow_resnet50_f16s4_kinetics400", "a3e419f1b9cde3b57b9b19a9bd93281bb819a871"),
+    _gluoncv("i3d_slow_resnet50_f32s2_kinetics400", "078c817bf18d702891de553de61c9115e27c4afd",
+             "i3d_slow_resnet50_f32s2_custom"),
+    _gluoncv("r2plus1d_v1_resnet18_kinetics400", "340a59522b4ffe7e3621ad4a269e4cd4a99f74b2", "r2plus1d_resnet18"),
+    _gluoncv("r2plus1d_v1_resnet34_kinetics400", "5102fd1736a2a205f5fd7bded5d2e0d2e5ca6307", "r2plus1d_resnet34"),
+    _gluoncv("r2plus1d_v1_resnet50_kinetics400", "9a3b665c182f81f22d4a105c75fac030ad20a628",
+             "r2plus1d_resnet50", "r2plus1d_v1_resnet50_custom"),
+    _pyslowfast("SLOWFAST_4x16_R50.pkl", "slowfast_4x16_r50"),
+    _pyslowfast("SLOWFAST_8x8_R50.pkl", "slowfast_8x8_r50"),
+    _pyslowfast("SLOWONLY_8x8_R50.pkl", "slow_8x8_r50"),
+    _pyslowfast("I3D_8x8_R50.pkl", "i3d_8x8_r50"),
+    _pytorchvideo("SLOWFAST_8x8_R50.pyth", "slowfast_r50"),
+    _pytorchvideo("SLOW_8x8_R50.pyth", "slow_r50"),
+    _pytorchvideo("I3D_8x8_R50.pyth", "i3d_r50"),
+    *_torchvision_entries(),
+)
+
+
+def models_with_weights() -> list[str]:
+    return sorted(name for entry in ZOO for name in entry.models)
+
+
+def entry_for(model_name: str) -> ZooEntry:
+    """The published weights of ``model_name``; WeightsError (naming the model) if there are none."""
+    key = model_name.lower()
+    for entry in ZOO:
+        if key in entry.models:
+            return entry
+    raise WeightsError(
+        f"model {model_name!r} has no published Kinetics weights for CONFIG.MODEL.PRETRAINED: True "
+        "('python -m trainer fetch-weights --list' names the models that have); set PRETRAINED: False, or LOAD: "
+        "True with a PRETRAINED_PATH"
+    )
+
+
+def cache_dir(cache: str | Path | None = None) -> Path:
+    """``cache``, else $VIDCLUSTER_WEIGHTS_CACHE, else ~/.cache/vidcluster/weights."""
+    return Path(cache or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+
+
+def cached_path(entry: ZooEntry, cache: str | Path | None = None) -> Path:
+    return cache_dir(cache) / entry.source / entry.file
+
+
+def source_url(entry: ZooEntry, base_url: str | None = None) -> str:
+    base = base_url or os.environ.get(URL_ENV)
+    return f"{base.rstrip('/')}/{entry.source}/{entry.file}" if base else entry.url
+
+
+def _digests(path: Path) -> tuple[str, str]:
+    sha1, sha256 = hashlib.sha1(), hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            sha1.update(chunk)
+            sha256.update(chunk)
+    return sha1.hexdigest(), sha256.hexdigest()
+
+
+def verify(entry: ZooEntry, path: Path, model_name: str) -> str:
+    """Check ``path`` against the entry's checksum (or the SHA-256 recorded at fetch); returns the SHA-256.
+
+    A file without any checksum to check (a recorded-kind file copied without its record) passes: nothing published
+    says what it should be; :func:`fetch` is where such files get their record."""
+    sha1, sha256 = _digests(path)
+    if entry.checksum_kind == "sha1":
+        expected, actual = entry.checksum, sha1
+    elif entry.checksum_kind == "sha256-prefix":
+        expected, actual = entry.checksum, sha256[: len(entry.checksum)]
+    else:
+        record = path.with_name(path.name + RECORD_SUFFIX)
+        expected = record.read_text().split()[0] if record.is_file() else sha256
+        actual = sha256
+    if actual != expected:
+        raise WeightsError(
+            f"{path}: checksum mismatch for the {entry.source} weights of {model_name} "
+            f"({entry.checksum_kind} {actual}, expected {expected}); delete it and fetch again"
+        )
+    return sha256
+
+
+def fetch(model_name: str, cache: str | Path | None = None, base_url: str | None = None) -> Path:
+    """Download the weights of ``model_name`` into the cache unless they are there; verify; return the path."""
+    entry = entry_for(model_name)
+    dest = cached_path(entry, cache)
+    if dest.is_file():
+        verify(entry, dest, model_name)
+        return dest
+    url = source_url(entry, base_url)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+        sha256 = verify(entry, tmp, model_name)
+        if entry.checksum_kind == "recorded":
+            dest.with_name(dest.name + RECORD_SUFFIX).write_text(f"{sha256}  {entry.file}\n")
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError) as exc:
+        raise WeightsError(f"cannot download the weights of {model_name} from {url}: {exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def main(argv: list[str]) -> int:
+    """``python -m trainer fetch-weights NAME [--cache DIR] [--base-url URL]``: prints the cached file's path."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainer fetch-weights",
+                                     description="download a model's published Kinetics weights into the cache")
+    parser.add_argument("name", nargs="?", help="model name as in CONFIG.MODEL.NAME")
+    parser.add_argument("--cache", help=f"cache directory (default ${CACHE_ENV} or {DEFAULT_CACHE})")
+    parser.add_argument("--base-url", help=f"mirror laid out like the cache (default ${URL_ENV} or the source)")
+    parser.add_argument("--list", action="store_true", help="list the models with published weights")
+    args = parser.parse_args(argv)
+    if args.list:
+        for entry in ZOO:
+            print(f"{', '.join(entry.models)}: {entry.source} {entry.url} ({entry.checksum_kind})")
+        return 0
+    if not args.name:
+        parser.error("NAME is required (or --list)")
+    try:
+        path = fetch(args.name, args.cache, args.base_url)
+    except WeightsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    entry = entry_for(args.name)
+    if entry.checksum_kind == "recorded":
+        record = path.with_name(path.name + RECORD_SUFFIX).read_text().split()[0]
+        print(f"{entry.source} publishes no checksum; sha256 recorded on first fetch: {record}", file=sys.stderr)
+    print(path)
+    return 0
