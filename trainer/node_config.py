@@ -199,8 +199,12 @@ def render_job(experiment: Mapping[str, Any], job: JobSpec, source: str) -> dict
         raise ConfigError("the job has no nodes")
     per_node, backend = workers_per_node(job)
     nodes: dict[str, Any] = {}
+    pretrained = ""
     for rank, node in enumerate(job.nodes):
         cfg = node_config(experiment, job, rank)
+        model = cfg.CONFIG.MODEL
+        if model.PRETRAINED and not model.PRETRAINED_PATH:
+            pretrained = model.NAME  # published weights the nodes read from their cache: the launcher ships them
         log = cfg.CONFIG.LOG
         run = posixpath.join(log.BASE_PATH, log.EXP_NAME) if log.EXP_NAME else log.BASE_PATH
         nodes[node.name] = {
@@ -219,6 +223,7 @@ def render_job(experiment: Mapping[str, Any], job: JobSpec, source: str) -> dict
         "root": job.nodes[0].name,
         "root_ip": job.nodes[0].ip,
         "port": job.port,
+        "pretrained": pretrained,
         "nodes": nodes,
     }
 

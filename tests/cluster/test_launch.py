@@ -307,7 +307,8 @@ def test_controller_losing_rank0_stops_nothing_and_a_later_launch_attaches(clust
     node0 = cluster.nodes[0]
     job = f"{cluster.name}-blink"
     args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *epochs(150))
-    play = launch_in_background(cluster, *args, "-e", "ddp_launch_follow_grace=8", "-e", "ddp_launch_ssh_retries=1")
+    play = launch_in_background(cluster, *args, "-e", "ddp_launch_follow_grace=8", "-e", "ddp_launch_ssh_retries=1",
+                                "-e", "ddp_launch_poll_timeout=6")
     try:
         wait_for_epoch(cluster, job, 2, play)
         with controller_cut_off_from(node0):  # for longer than the grace period, many polls

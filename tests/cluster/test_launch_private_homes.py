@@ -1,13 +1,20 @@
 """launch-training.yml on 3 nodes with private homes (the cluster the SSH mesh tests use): a dataset path missing on one
 node, 3 nodes x 2 gloo workers writing their run where the config's LOG.BASE_PATH says (in the rank-0 node's home),
-and a relaunch that resumes from there after re-shipping the trainer code to the one node whose copy differs."""
+a relaunch that resumes from there after re-shipping the trainer code to the one node whose copy differs, and
+CONFIG.MODEL.PRETRAINED: weights fetched once on the controller from a mirror, shipped, loaded on every node."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import http.server
 import json
 import re
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +121,89 @@ def test_training_status_without_a_job_lists_every_job_of_every_node(cluster: Lo
         block = status.stdout.split(f"ok: [{node.name}] =>", 1)[1].split("ok: [", 1)[0]
         assert f"{cluster.name}-scratch: finished (exit status 0)" in block, block
     assert Path(REPO / "runs" / f"{cluster.name}-scratch" / "curves.png").stat().st_size > 0
+
+
+@contextlib.contextmanager
+def weights_mirror(root: Path) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 serving ``root`` (laid out like the weights cache); yields its URL and the paths
+    requested so far."""
+    requested: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requested
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pretrained_weights_are_fetched_once_on_the_controller_and_loaded_on_every_node(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from trainer.models import build_model
+
+    # A site's own published weights for the model of the test config, served by a mirror (nodes have no network
+    # here, like many real ones: they must get the file from the controller).
+    weights = tmp_path / "mirror" / "site" / "i3d_tiny_site.pth"
+    weights.parent.mkdir(parents=True)
+    torch.manual_seed(7)
+    torch.save({"model": build_model("i3d_tiny", num_classes=2).state_dict()}, weights)
+    sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
+
+    def table(checksum: str) -> Path:
+        path = tmp_path / f"table-{checksum[:8]}.json"
+        path.write_text(json.dumps([{"source": "site", "url": "https://weights.invalid/site/i3d_tiny_site.pth",
+                                     "format": "vidcluster", "checksum_kind": "sha256", "checksum": checksum,
+                                     "mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225],
+                                     "models": ["i3d_tiny"]}]))  # fmt: skip
+        return path
+
+    job = f"{cluster.name}-pretrained"
+    pretrained = {"ddp_config_overrides": {"CONFIG": {"MODEL": {"PRETRAINED": True}, "TRAIN": {"EPOCH_NUM": 1}}}}
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", json.dumps(pretrained))
+    monkeypatch.setenv("VIDCLUSTER_WEIGHTS_CACHE", str(tmp_path / "controller-cache"))
+    with weights_mirror(tmp_path / "mirror") as (url, requested):
+        monkeypatch.setenv("VIDCLUSTER_WEIGHTS_URL", url)
+        # A checksum that does not match: refused on the controller, before anything starts.
+        monkeypatch.setenv("VIDCLUSTER_WEIGHTS_TABLE", str(table("0" * 64)))
+        proc = launch(cluster, *args, check=False)
+        assert proc.returncode != 0
+        assert "checksum mismatch for the site weights of i3d_tiny" in flat(proc.stdout), proc.stdout[-3000:]
+        assert job_processes(job) == [] and not any((node_job_dir(n, job) / "train.pid").exists()
+                                                    for n in cluster.nodes)
+        # The right table: fetched once, shipped, and every rank starts from it.
+        monkeypatch.setenv("VIDCLUSTER_WEIGHTS_TABLE", str(table(sha256)))
+        proc = launch(cluster, *args)
+        assert requested.count("/site/i3d_tiny_site.pth") == 2  # the refused download, and this one
+        relaunch_requests = len(requested)
+        launch(cluster, *args)  # finished with this config: nothing runs, nothing is downloaded again
+        assert len(requested) == relaunch_requests
+    for node in cluster.nodes:
+        copy = node.home / ".cache" / "vidcluster" / "weights" / "site" / "i3d_tiny_site.pth"
+        assert copy.read_bytes() == weights.read_bytes(), node.name
+    log = (REPO / "runs" / job / "log.txt").read_text()
+    assert "initialised from the site Kinetics-400 weights" in log and "loaded" in log
+    config = (REPO / "runs" / job / "config.yaml").read_text()
+    assert "- 0.45" in config  # normalisation from the weights' entry
+
+    # A model without published weights: refused on the controller, naming it.
+    proc = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}-none", "-e", json.dumps(
+        {"ddp_config_overrides": {"CONFIG": {"MODEL": {"PRETRAINED": True, "NAME": "slow_tiny"}}}}), check=False)
+    assert proc.returncode != 0
+    assert "model 'slow_tiny' has no published Kinetics weights" in flat(proc.stdout), proc.stdout[-3000:]
+    assert job_processes(f"{job}-none") == []

@@ -15,11 +15,18 @@ Checksums, by what each source publishes (``checksum_kind``):
 * ``sha256-prefix``: the leading SHA-256 hex digits that torchvision puts in the file name (torchvision's own check).
 * ``recorded``: PySlowFast and pytorchvideo publish no checksum. The SHA-256 is recorded next to the file on first
   fetch (``<file>.sha256``), printed, and every later use is verified against that record.
+* ``sha256``: the full SHA-256, for a site's own table (below).
+
+A site's own published weights (models fine-tuned in house, a mirror with other files) extend the table: a JSON list
+of entries in the file named by ``VIDCLUSTER_WEIGHTS_TABLE``, each ``{"source", "url", "format", "checksum_kind",
+"checksum", "mean", "std", "models"}`` as in :class:`ZooEntry`. launch-training.yml ships that table to the nodes
+with the weights.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -34,6 +41,7 @@ from trainer.weights.formats import WeightsError
 
 CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
 URL_ENV = "VIDCLUSTER_WEIGHTS_URL"
+TABLE_ENV = "VIDCLUSTER_WEIGHTS_TABLE"
 DEFAULT_CACHE = "~/.cache/vidcluster/weights"
 RECORD_SUFFIX = ".sha256"
 
@@ -46,7 +54,7 @@ class ZooEntry:
     source: str  # gluoncv, pyslowfast, pytorchvideo or torchvision
     url: str
     format: str  # how the file is written (trainer.weights.formats)
-    checksum_kind: str  # sha1, sha256-prefix or recorded (see the module doc)
+    checksum_kind: str  # sha1, sha256-prefix, recorded or sha256 (see the module doc)
     checksum: str  # hex digits; '' when recorded on first fetch
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -113,14 +121,33 @@ ZOO: tuple[ZooEntry, ...] = (
 )
 
 
+def site_entries() -> tuple[ZooEntry, ...]:
+    """The entries of the site's own table ($VIDCLUSTER_WEIGHTS_TABLE), if one is named."""
+    path = os.environ.get(TABLE_ENV)
+    if not path:
+        return ()
+    try:
+        rows = json.loads(Path(path).expanduser().read_text())
+        return tuple(ZooEntry(str(r["source"]), str(r["url"]), str(r["format"]), str(r["checksum_kind"]),
+                              str(r.get("checksum", "")), tuple(r["mean"]), tuple(r["std"]),
+                              tuple(str(m).lower() for m in r["models"])) for r in rows)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WeightsError(f"${TABLE_ENV} {path}: not a table of weights ({type(exc).__name__}: {exc})") from None
+
+
+def entries() -> tuple[ZooEntry, ...]:
+    """The site's own entries first (they may stand in for a published one), then the published ones."""
+    return (*site_entries(), *ZOO)
+
+
 def models_with_weights() -> list[str]:
-    return sorted(name for entry in ZOO for name in entry.models)
+    return sorted(name for entry in entries() for name in entry.models)
 
 
 def entry_for(model_name: str) -> ZooEntry:
     """The published weights of ``model_name``; WeightsError (naming the model) if there are none."""
     key = model_name.lower()
-    for entry in ZOO:
+    for entry in entries():
         if key in entry.models:
             return entry
     raise WeightsError(
@@ -161,6 +188,8 @@ def verify(entry: ZooEntry, path: Path, model_name: str) -> str:
     sha1, sha256 = _digests(path)
     if entry.checksum_kind == "sha1":
         expected, actual = entry.checksum, sha1
+    elif entry.checksum_kind == "sha256":
+        expected, actual = entry.checksum, sha256
     elif entry.checksum_kind == "sha256-prefix":
         expected, actual = entry.checksum, sha256[: len(entry.checksum)]
     else:
@@ -213,7 +242,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--list", action="store_true", help="list the models with published weights")
     args = parser.parse_args(argv)
     if args.list:
-        for entry in ZOO:
+        for entry in entries():
             print(f"{', '.join(entry.models)}: {entry.source} {entry.url} ({entry.checksum_kind})")
         return 0
     if not args.name:
