@@ -3,7 +3,7 @@
     train            DDP training (= python -m trainer.train)
     test             multi-view test of a checkpoint (= python -m trainer.test)
     predict VIDEO    top-k classes of one video (= python -m trainer.predict)
-    check-data       open every video of a config's lists and name the bad ones
+    check-data       open every video of a config's lists with its DECODER and name the bad ones
     make-annotations build train/val lists and a class index from a root/<class>/<video> tree
     make-dataset     write a small labelled synthetic H.264 dataset (motion classes) for demos and tests
 """
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.data import check_dataset, make_synthetic_dataset, write_annotations_from_tree
+from trainer.data.decoders import ClipDecoder, DecoderUnavailable
 
 TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
 
@@ -24,11 +25,17 @@ def check_data(argv: Sequence[str]) -> int:
     from trainer.train import get_args_parser, load_cli_config
 
     parser = argparse.ArgumentParser(prog="trainer check-data", parents=[get_args_parser(add_help=False)],
-                                     description="decode every video listed by the config's train and val lists")
+                                     description="decode every video listed by the config's train and val lists "
+                                                 "with CONFIG.DATA.DECODER")
     cfg = load_cli_config(parser.parse_args(argv))
     data = cfg.CONFIG.DATA
-    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH), *check_dataset(data.VAL_ANNO_PATH,
-                                                                                      data.VAL_DATA_PATH)]
+    try:
+        ClipDecoder(data.DECODER)
+    except DecoderUnavailable as exc:
+        print(f"error: CONFIG.DATA.DECODER: {exc}", file=sys.stderr)
+        return 2
+    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER),
+           *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER)]
     for path, reason in bad:
         print(f"BAD {path}: {reason}")
     print(f"{len(bad)} bad video(s)")
