@@ -93,7 +93,9 @@ class DecordReader:
 class TorchcodecReader:
     backend: Backend = "torchcodec"
 
-    def __init__(self, path: str, size: tuple[int, int], device: str = "cpu") -> None:
+    def __init__(
+        self, path: str, size: tuple[int, int], device: str = "cpu", seek_mode: str = "exact"
+    ) -> None:
         from torchcodec.decoders import VideoDecoder
         from torchcodec.transforms import Resize
 
@@ -104,7 +106,8 @@ class TorchcodecReader:
             dimension_order="NHWC",
             num_ffmpeg_threads=1,
             device=device,
-            seek_mode="exact",  # frame i is the i-th frame, as in decord (approximate trusts the container's index)
+            # exact: frame i is the i-th frame, as in decord; approximate trusts the container's index (benchmarks).
+            seek_mode=seek_mode,  # type: ignore[arg-type]
             transforms=None if size == NATIVE else [Resize((height, width))],
         )
 
