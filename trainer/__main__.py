@@ -21,6 +21,16 @@ from trainer.data.decoders import ClipDecoder, DecoderUnavailable
 TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
 
 
+def decoder_unavailable(choice: str) -> bool:
+    """Print why a CONFIG.DATA.DECODER cannot run on this machine, if it cannot."""
+    try:
+        ClipDecoder(choice)  # type: ignore[arg-type]
+    except DecoderUnavailable as exc:
+        print(f"error: CONFIG.DATA.DECODER: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
 def check_data(argv: Sequence[str]) -> int:
     from trainer.train import get_args_parser, load_cli_config
 
@@ -29,10 +39,7 @@ def check_data(argv: Sequence[str]) -> int:
                                                  "with CONFIG.DATA.DECODER")
     cfg = load_cli_config(parser.parse_args(argv))
     data = cfg.CONFIG.DATA
-    try:
-        ClipDecoder(data.DECODER)
-    except DecoderUnavailable as exc:
-        print(f"error: CONFIG.DATA.DECODER: {exc}", file=sys.stderr)
+    if decoder_unavailable(data.DECODER):
         return 2
     bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER),
            *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER)]
@@ -49,8 +56,12 @@ def make_annotations(argv: Sequence[str]) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to write train.txt, val.txt, classInd.txt")
     parser.add_argument("--val-fraction", type=float, default=0.2, help="share of each class held out for val")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-class split")
+    parser.add_argument("--decoder", choices=["decord", "torchcodec", "auto"], default="decord",
+                        help="the CONFIG.DATA.DECODER that counts the frames (auto: AV1 videos too)")
     args = parser.parse_args(argv)
-    result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed)
+    if decoder_unavailable(args.decoder):
+        return 2
+    result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed, args.decoder)
     for path, reason in result.skipped:
         print(f"skipped {path}: {reason}")
     print(f"{len(result.classes)} classes -> {result.train}, {result.val}, {result.class_index}")

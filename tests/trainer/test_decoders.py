@@ -19,7 +19,7 @@ import torch
 from tests.trainer.conftest import AV1, ffmpeg
 from tests.trainer.test_data import make_cfg, write_list
 from trainer.config import ConfigError, check_runtime, validate_config
-from trainer.data import build_dataset, check_dataset
+from trainer.data import build_dataset, check_dataset, write_annotations_from_tree
 from trainer.data.decoders import BadVideo, decode_device, open_reader, read_frames
 from trainer.data.synthetic import render_video
 
@@ -233,3 +233,20 @@ def test_check_names_whether_the_other_decoder_reads_a_bad_video(
     assert sorted(found["torchcodec"]) == sorted(found["auto"]) == [str(garbage), str(tmp_path / "missing.mp4")]
     assert found["auto"][str(garbage)].startswith("decord: cannot open: ")
     assert found["auto"][str(garbage)].endswith("(neither decoder reads it)")
+
+
+def test_lists_from_a_tree_count_av1_videos_with_auto(
+    mixed_dataset: tuple[dict[str, Any], list[str]], tmp_path: Path
+) -> None:
+    data, av1 = mixed_dataset
+    root = tmp_path / "tree"
+    (root / "left").mkdir(parents=True)
+    for video in [*sorted(Path(data["TRAIN_DATA_PATH"], "train", "left").glob("*.mp4"))[:3], Path(av1[0])]:
+        (root / "left" / video.name).write_bytes(video.read_bytes())
+    with_decord = write_annotations_from_tree(root, tmp_path / "decord", val_fraction=0.0)
+    assert [(Path(path).name, reason.startswith("cannot open: ")) for path, reason in with_decord.skipped] == [
+        ("left_000.mkv", True)
+    ]
+    with_auto = write_annotations_from_tree(root, tmp_path / "auto", val_fraction=0.0, decoder="auto")
+    assert with_auto.skipped == []
+    assert "left/left_000.mkv 16 0" in with_auto.train.read_text().splitlines()
