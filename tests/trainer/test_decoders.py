@@ -20,7 +20,7 @@ from tests.trainer.conftest import AV1, ffmpeg
 from tests.trainer.test_data import make_cfg, write_list
 from trainer.config import ConfigError, check_runtime, validate_config
 from trainer.data import build_dataset, check_dataset, write_annotations_from_tree
-from trainer.data.decoders import BadVideo, decode_device, open_reader, read_frames
+from trainer.data.decoders import BadVideo, decode_device, open_reader, read_frames, resize_frames
 from trainer.data.synthetic import render_video
 
 WIDTH, HEIGHT, FRAMES = 64, 48, 24
@@ -250,3 +250,12 @@ def test_lists_from_a_tree_count_av1_videos_with_auto(
     with_auto = write_annotations_from_tree(root, tmp_path / "auto", val_fraction=0.0, decoder="auto")
     assert with_auto.skipped == []
     assert "left/left_000.mkv 16 0" in with_auto.train.read_text().splitlines()
+
+
+@pytest.mark.parametrize("name", ["h264", "rgb_lossless"])
+def test_resize_after_decoding_matches_the_decoder_transform(videos: dict[str, str], name: str) -> None:
+    """What GPU decoding does (torchcodec has no decoder transforms there), checked on the CPU."""
+    after = resize_frames(decode("torchcodec", videos[name]), SMALLER)
+    during = decode("torchcodec", videos[name], SMALLER)
+    assert after.shape == during.shape and after.dtype == torch.uint8
+    assert (after.int() - during.int()).abs().float().mean() < 1.0

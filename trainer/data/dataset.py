@@ -52,8 +52,8 @@ class ClipSpec:
     keep_aspect_ratio: bool
     test_num_segment: int
     test_num_crop: int
-    decoder: DecoderChoice = "decord"
-    decoder_device: str = "cpu"
+    decoder: DecoderChoice
+    decoder_device: str
 
     @classmethod
     def from_config(cls, data: DataConfig) -> ClipSpec:

@@ -10,11 +10,15 @@ then says why decord could not, so the caller reports the video once instead of 
 Parity. Both backends give the same frame for the same index: torchcodec seeks in exact mode (it scans the file
 once when opening it, so frame i is the i-th frame in presentation order, as in decord). At the native size the
 frames are bit-identical for every codec decord reads (H.264, HEVC, VP9, lossless or not): the codecs decode
-bit-exactly and both convert YUV to RGB with FFmpeg's swscale. With a decode size (NEW_WIDTH x NEW_HEIGHT, when
-KEEP_ASPECT_RATIO is False) both resize in the decoder with swscale's bilinear filter to the same geometry, but in a
-different order: decord scales the YUV planes and then converts, torchcodec converts and then scales the RGB frame
-(its `Resize` decoder transform). The frames are identical for 4:4:4 and RGB videos; for 4:2:0 ones (almost every
-H.264 file) the chroma is interpolated differently and pixels differ by a few levels at colour edges.
+bit-exactly and both convert YUV to RGB with FFmpeg's swscale. One exception, decord's: it seeks into HEVC with open
+GOPs (x265's default) inexactly and returns neighbouring frames; torchcodec gives the right ones.
+
+With a decode size (NEW_WIDTH x NEW_HEIGHT, when KEEP_ASPECT_RATIO is False) both resize in the decoder with
+swscale's bilinear filter to the same geometry, but in a different order: decord scales the YUV planes and then
+converts, torchcodec converts and then scales the RGB frame (its `Resize` decoder transform; on a GPU, where
+torchcodec has no decoder transforms, torchvision's bilinear resize after decoding). The frames are identical for
+4:4:4 and RGB videos; for 4:2:0 ones (almost every H.264 file) the chroma is interpolated differently and pixels
+differ by a few levels at colour edges (about 3 on average on the tests' per-pixel noise, the worst case).
 
 The readers are opened where the clip is decoded, i.e. inside the DataLoader worker; nothing here is shared
 between processes. Errors a video causes become `BadVideo` with a one-line reason.
@@ -90,6 +94,15 @@ class DecordReader:
         return torch.from_numpy(self._reader.get_batch(indices).asnumpy()[..., :3])
 
 
+def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 [T, H, W, 3] resized to size = (width, height), bilinear with antialiasing: torchcodec's Resize decoder
+    transform, done by torchvision where torchcodec has no decoder transforms (GPU decoding)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    width, height = size
+    return TF.resize(frames.permute(0, 3, 1, 2), [height, width], antialias=True).permute(0, 2, 3, 1)
+
+
 class TorchcodecReader:
     backend: Backend = "torchcodec"
 
@@ -101,6 +114,9 @@ class TorchcodecReader:
 
         width, height = size
         self.device = device
+        # torchcodec applies decoder transforms on the CPU only; GPU-decoded frames are resized on the GPU.
+        in_decoder = size != NATIVE and device == "cpu"
+        self._resize_after = size if size != NATIVE and not in_decoder else None
         self._decoder = VideoDecoder(
             path,
             dimension_order="NHWC",
@@ -108,7 +124,7 @@ class TorchcodecReader:
             device=device,
             # exact: frame i is the i-th frame, as in decord; approximate trusts the container's index (benchmarks).
             seek_mode=seek_mode,  # type: ignore[arg-type]
-            transforms=None if size == NATIVE else [Resize((height, width))],
+            transforms=[Resize((height, width))] if in_decoder else None,
         )
 
     def __len__(self) -> int:
@@ -118,7 +134,8 @@ class TorchcodecReader:
         frames = self._decoder.get_frames_at(indices).data
         if self.device != "cpu" and self._decoder.cpu_fallback:
             _warn_once(f"torchcodec decodes on the CPU instead of {self.device}: {self._decoder.cpu_fallback}")
-        return frames.to(self.device)  # a CPU fallback inside torchcodec must not mix devices in a batch
+        frames = frames.to(self.device)  # a CPU fallback inside torchcodec must not mix devices in a batch
+        return frames if self._resize_after is None else resize_frames(frames, self._resize_after)
 
 
 READERS: dict[Backend, Callable[[str, tuple[int, int], str], VideoReader]] = {
