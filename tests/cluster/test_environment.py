@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, LocalCluster, changed_total, run_playbook
+from tests.cluster.conftest import REPO, LocalCluster, changed_total, recap, run_playbook
 
 ROLE = REPO / "roles" / "python_env"
 PLAYBOOK = REPO / "playbooks" / "environment.yml"
@@ -275,4 +275,4 @@ def test_shared_environment_runs_both_decoders(cluster: LocalCluster) -> None:
     for node in cluster.nodes:  # ... decord, torchcodec, ffmpeg, paramiko in the table
         assert re.search(rf"^\s*- '?{node.name}\s.*\s0\.6\.0\s+{re.escape(torchcodec)}\S*\s+{re.escape(ffmpeg)}\s",
                          proc.stdout, re.M), proc.stdout[-4000:]
-    assert changed_total(proc.stdout) == 0
+    assert all(recap(proc.stdout)[node.name]["changed"] == 0 for node in cluster.nodes)
