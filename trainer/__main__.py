@@ -23,14 +23,13 @@ from trainer.errors import report_user_errors
 TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
 
 
-def decoder_unavailable(choice: str) -> bool:
-    """Print why a CONFIG.DATA.DECODER cannot run on this machine, if it cannot."""
+def require_decoder(choice: str, chosen_by: str) -> None:
+    """Before any video is read: a decoder that cannot run on this machine is one error line naming where it was
+    chosen (a UserError)."""
     try:
         ClipDecoder(choice)  # type: ignore[arg-type]
     except DecoderUnavailable as exc:
-        print(f"error: CONFIG.DATA.DECODER: {exc}", file=sys.stderr)
-        return True
-    return False
+        raise DecoderUnavailable(f"{chosen_by}: {exc}") from None
 
 
 def check_data(argv: Sequence[str]) -> int:
@@ -41,8 +40,7 @@ def check_data(argv: Sequence[str]) -> int:
                                                  "with CONFIG.DATA.DECODER")
     cfg = load_cli_config(parser.parse_args(argv))
     data = cfg.CONFIG.DATA
-    if decoder_unavailable(data.DECODER):
-        return 2
+    require_decoder(data.DECODER, "CONFIG.DATA.DECODER")
     bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER),
            *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER)]
     for path, reason in bad:
@@ -61,8 +59,7 @@ def make_annotations(argv: Sequence[str]) -> int:
     parser.add_argument("--decoder", choices=["decord", "torchcodec", "auto"], default="decord",
                         help="the CONFIG.DATA.DECODER that counts the frames (auto: AV1 videos too)")
     args = parser.parse_args(argv)
-    if decoder_unavailable(args.decoder):
-        return 2
+    require_decoder(args.decoder, "--decoder")
     result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed, args.decoder)
     for path, reason in result.skipped:
         print(f"skipped {path}: {reason}")

@@ -211,6 +211,39 @@ def test_runtime_check_needs_a_torchcodec_that_loads_ffmpeg(monkeypatch: pytest.
     check_runtime(validate_config(data_config(DECODER="decord")))
 
 
+def test_a_decoder_that_cannot_run_is_one_error_line(
+    synthetic_dataset: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where a command chose the decoder (make-annotations' --decoder, a checkpoint's recorded clip settings), before
+    any video is read."""
+    import torchcodec
+
+    from trainer import checkpoint, predict
+    from trainer.__main__ import main
+    from trainer.models import build_model
+
+    cfg = validate_config({"CONFIG": {"DATA": {"NUM_CLASSES": 2, "DECODER": "torchcodec"},
+                                      "MODEL": {"NAME": "i3d_tiny"}}})  # fmt: skip
+    trained = tmp_path / "best.pth"
+    torch.save({"model": build_model("i3d_tiny", 2).state_dict(),
+                "inference": checkpoint.inference_info(cfg, ["a", "b"])}, trained)  # fmt: skip
+    monkeypatch.setattr(torchcodec, "ffmpeg_major_version", None)
+    problem = r"decoder torchcodec needs torchcodec: torchcodec 0\.17\.\S+ finds no FFmpeg shared libraries"
+    tree = str(Path(synthetic_dataset["TRAIN_DATA_PATH"], "train"))
+    for run, chosen_by in (
+        (lambda: main(["make-annotations", tree, "--out", str(tmp_path / "lists"), "--decoder", "torchcodec"]),
+         "--decoder: "),
+        (lambda: predict.main([str(tmp_path / "video.mp4"), "--checkpoint", str(trained)]), ""),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            run()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1, err
+        assert re.match(rf"error: {re.escape(chosen_by)}{problem}", err), err
+    assert not (tmp_path / "lists").exists()
+
+
 def test_check_names_whether_the_other_decoder_reads_a_bad_video(
     mixed_dataset: tuple[dict[str, Any], list[str]], tmp_path: Path
 ) -> None:

@@ -37,6 +37,8 @@ import decord
 import numpy as np
 import torch
 
+from trainer.errors import UserError, first_line
+
 Backend = Literal["decord", "torchcodec"]
 DecoderChoice = Literal["decord", "torchcodec", "auto"]
 NATIVE: tuple[int, int] = (-1, -1)  # (width, height) that keeps the video's own size
@@ -51,7 +53,7 @@ class BadVideo(Exception):
     """A video that cannot give a clip; the message is the reason reported to the user."""
 
 
-class DecoderUnavailable(RuntimeError):
+class DecoderUnavailable(UserError):
     """The chosen decoder cannot run on this machine (not installed, or no FFmpeg libraries for torchcodec)."""
 
 
@@ -60,10 +62,9 @@ class DecoderUnavailable(RuntimeError):
 _SOURCE_PREFIX = re.compile(r"^(\[[\d:]+\] \S+:\d+: |\w+, \S+:\d+, )")
 
 
-def first_line(exc: BaseException) -> str:
+def decoder_error(exc: BaseException) -> str:
     """The decoders' errors carry C++ traces and source locations; the first line, without them, says what failed."""
-    text = str(exc).strip()
-    return _SOURCE_PREFIX.sub("", text.splitlines()[0]) if text else type(exc).__name__
+    return _SOURCE_PREFIX.sub("", first_line(exc))
 
 
 class VideoReader(Protocol):
@@ -154,7 +155,7 @@ def torchcodec_problem() -> str | None:
     try:
         import torchcodec
     except Exception as exc:  # not installed, or built for another torch
-        return f"torchcodec does not import ({first_line(exc)})"
+        return f"torchcodec does not import ({decoder_error(exc)})"
     if torchcodec.ffmpeg_major_version is None:
         return (
             f"torchcodec {torchcodec.__version__} finds no FFmpeg shared libraries it supports "
@@ -203,7 +204,7 @@ def open_reader(backend: Backend, path: str, size: tuple[int, int] = NATIVE, dev
     try:
         reader = READERS[backend](path, size, device)
     except Exception as exc:  # decord raises RuntimeError or DECORDError (not a RuntimeError), torchcodec ValueError
-        raise BadVideo(f"cannot open: {first_line(exc)}") from exc
+        raise BadVideo(f"cannot open: {decoder_error(exc)}") from exc
     if len(reader) == 0:
         raise BadVideo("no video frames")
     return reader
@@ -215,7 +216,7 @@ def read_frames(reader: VideoReader, indices: np.ndarray) -> torch.Tensor:
     try:
         frames = reader.get_frames(unique.tolist())
     except Exception as exc:  # a truncated file can open and then fail on the missing frames
-        raise BadVideo(f"cannot decode frames: {first_line(exc)}") from exc
+        raise BadVideo(f"cannot decode frames: {decoder_error(exc)}") from exc
     return frames[torch.from_numpy(inverse.reshape(-1)).to(frames.device)]
 
 
