@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/decode.py [--size 320x240] [--frames 96] [--clips 40]
 
-The dataset (trainer/data/dataset.py) decodes one clip with a single sorted ``get_batch`` and lets decord resize
-while decoding. Baselines: one ``reader[i]`` call per frame, and full-size decode followed by a torch resize.
-Prints clips/s of each and the speed-up of the dataset's way over each baseline.
+The dataset (trainer/data/dataset.py, with DECODER decord) decodes one clip with a single sorted ``get_batch`` and
+lets decord resize while decoding. Baselines: one ``reader[i]`` call per frame, and full-size decode followed by a
+torch resize. Prints clips/s of each and the speed-up of the dataset's way over each baseline. (decord against
+torchcodec: bench/decoders.py.)
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import decord
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.data.dataset import open_video
+from trainer.data.decoders import ClipDecoder
 from trainer.data.sampling import val_indices
 from trainer.data.synthetic import encode_mp4s, render_video
 
@@ -35,20 +37,23 @@ def make_video(path: Path, width: int, height: int, frames: int) -> None:
     encode_mp4s([np.ascontiguousarray(square)], [path], fps=25)
 
 
+def open_decord(path: str, width: int = -1, height: int = -1) -> decord.VideoReader:
+    return decord.VideoReader(path, ctx=decord.cpu(0), width=width, height=height, num_threads=1)
+
+
 def dataset_way(path: str, start: int) -> torch.Tensor:
-    reader = open_video(path, OUT, OUT)
-    idx = val_indices(len(reader), CLIP_LEN, FRAME_RATE, 1) + start
-    return torch.from_numpy(reader.get_batch(sorted(idx % len(reader))).asnumpy())
+    decoder = ClipDecoder("decord", (OUT, OUT))
+    return decoder.clip(path, lambda n: (val_indices(n, CLIP_LEN, FRAME_RATE, 1) + start) % n).frames
 
 
 def per_frame(path: str, start: int) -> torch.Tensor:
-    reader = open_video(path, OUT, OUT)
+    reader = open_decord(path, OUT, OUT)
     idx = val_indices(len(reader), CLIP_LEN, FRAME_RATE, 1) + start
     return torch.stack([torch.from_numpy(reader[int(i) % len(reader)].asnumpy()) for i in idx])
 
 
 def resize_after(path: str, start: int) -> torch.Tensor:
-    reader = open_video(path)
+    reader = open_decord(path)
     idx = val_indices(len(reader), CLIP_LEN, FRAME_RATE, 1) + start
     frames = torch.from_numpy(reader.get_batch(sorted(idx % len(reader))).asnumpy())
     resized = F.interpolate(frames.permute(0, 3, 1, 2).float(), size=(OUT, OUT), mode="bilinear")

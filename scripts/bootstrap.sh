@@ -8,8 +8,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
 
 # openssh-server/iproute2/util-linux: the local test cluster (netns hosts with their own sshd);
-# ffmpeg: synthetic H.264 videos; python3-venv: Debian's interpreter, which the cluster's
-# non-root login user can execute (unlike a Python under /root).
+# ffmpeg: synthetic H.264 videos, the tests' HEVC/VP9/AV1 videos (Debian's build has libx265, libvpx
+# and libaom) and the FFmpeg shared libraries torchcodec loads; python3-venv: Debian's interpreter,
+# which the cluster's non-root login user can execute (unlike a Python under /root).
 APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates)
 
 missing=()
@@ -36,6 +37,6 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   # the reference implementations of the weights tests, without their dependencies (they would replace torch)
   [ "${1:-}" = "--dev" ] && "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
     -r "$ROOT/requirements-reference.txt"
-  "$VENV/bin/python" -c "import torch, torchvision, decord, ansible, paramiko, yaml, pydantic"
+  "$VENV/bin/python" -c "import torch, torchvision, decord, torchcodec, ansible, paramiko, yaml, pydantic"
   echo "$want" > "$stamp"
 fi

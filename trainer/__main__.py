@@ -3,7 +3,7 @@
     train            DDP training (= python -m trainer.train)
     test             multi-view test of a checkpoint (= python -m trainer.test)
     predict VIDEO    top-k classes of one video (= python -m trainer.predict)
-    check-data       open every video of a config's lists and name the bad ones
+    check-data       open every video of a config's lists with its DECODER and name the bad ones
     make-annotations build train/val lists and a class index from a root/<class>/<video> tree
     make-dataset     write a small labelled synthetic H.264 dataset (motion classes) for demos and tests
     fetch-weights N  download model N's published Kinetics weights once into the cache; prints the file's path
@@ -17,20 +17,32 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.data import check_dataset, make_synthetic_dataset, write_annotations_from_tree
+from trainer.data.decoders import ClipDecoder, DecoderUnavailable
 from trainer.errors import report_user_errors
 
 TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
+
+
+def require_decoder(choice: str, chosen_by: str) -> None:
+    """Before any video is read: a decoder that cannot run on this machine is one error line naming where it was
+    chosen (a UserError)."""
+    try:
+        ClipDecoder(choice)  # type: ignore[arg-type]
+    except DecoderUnavailable as exc:
+        raise DecoderUnavailable(f"{chosen_by}: {exc}") from None
 
 
 def check_data(argv: Sequence[str]) -> int:
     from trainer.train import get_args_parser, load_cli_config
 
     parser = argparse.ArgumentParser(prog="trainer check-data", parents=[get_args_parser(add_help=False)],
-                                     description="decode every video listed by the config's train and val lists")
+                                     description="decode every video listed by the config's train and val lists "
+                                                 "with CONFIG.DATA.DECODER")
     cfg = load_cli_config(parser.parse_args(argv))
     data = cfg.CONFIG.DATA
-    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH), *check_dataset(data.VAL_ANNO_PATH,
-                                                                                      data.VAL_DATA_PATH)]
+    require_decoder(data.DECODER, "CONFIG.DATA.DECODER")
+    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER),
+           *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER)]
     for path, reason in bad:
         print(f"BAD {path}: {reason}")
     print(f"{len(bad)} bad video(s)")
@@ -44,8 +56,11 @@ def make_annotations(argv: Sequence[str]) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to write train.txt, val.txt, classInd.txt")
     parser.add_argument("--val-fraction", type=float, default=0.2, help="share of each class held out for val")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-class split")
+    parser.add_argument("--decoder", choices=["decord", "torchcodec", "auto"], default="decord",
+                        help="the CONFIG.DATA.DECODER that counts the frames (auto: AV1 videos too)")
     args = parser.parse_args(argv)
-    result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed)
+    require_decoder(args.decoder, "--decoder")
+    result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed, args.decoder)
     for path, reason in result.skipped:
         print(f"skipped {path}: {reason}")
     print(f"{len(result.classes)} classes -> {result.train}, {result.val}, {result.class_index}")

@@ -32,6 +32,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -389,6 +390,16 @@ class DataConfig(_Section):
         default_factory=list,
         description="Per-channel (RGB) standard deviation frames are divided by; [] = follows the weights, as MEAN.",
     )
+    DECODER: Literal["decord", "torchcodec", "auto"] = Field(
+        "decord",
+        description="Video decoder: decord (GluonCV's), torchcodec, or auto (decord, and torchcodec for a video "
+        "decord cannot open, such as AV1; each such video is logged once).",
+    )
+    DECODER_DEVICE: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="Where torchcodec decodes: cuda = this process's GPU (NVDEC; needs DECODER torchcodec and "
+        "NUM_WORKERS 0), on the CPU with a warning when there is no GPU or torchcodec is a CPU-only build.",
+    )
 
     @field_validator("MEAN", "STD")
     @classmethod
@@ -425,6 +436,16 @@ class DataConfig(_Section):
                 "be upscaled; use at most the short side"
             )
         return None
+
+    @field_validator("DECODER_DEVICE")
+    @classmethod
+    def _gpu_decoding(cls, value: str, info: ValidationInfo) -> str:
+        if value == "cuda" and info.data.get("DECODER", "torchcodec") != "torchcodec":
+            raise ValueError(f"cuda decoding needs DECODER torchcodec (DECODER is {info.data['DECODER']!r})")
+        if value == "cuda" and info.data.get("NUM_WORKERS", 0) > 0:
+            # Frames decoded on the GPU cannot come out of forked DataLoader workers.
+            raise ValueError("cuda decoding runs in the training process; set NUM_WORKERS to 0")
+        return value
 
 
 class ModelConfig(_Section):
@@ -726,7 +747,15 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
 
 
 def check_runtime(cfg: Config) -> None:
-    """Checks that need this machine, not only the file: a distributed nccl run needs a visible GPU."""
+    """Checks that need this machine, not only the file: a distributed nccl run needs a visible GPU, and DECODER
+    torchcodec or auto needs a torchcodec that loads FFmpeg's libraries."""
+    decoder = cfg.CONFIG.DATA.DECODER
+    if decoder != "decord":
+        from trainer.data.decoders import torchcodec_problem  # imports torch and decord: only on a node
+
+        problem = torchcodec_problem()
+        if problem is not None:
+            raise ConfigError(f"CONFIG.DATA.DECODER: {decoder} needs torchcodec, which cannot run here: {problem}")
     ddp = cfg.DDP_CONFIG
     if not (ddp.DISTRIBUTED and ddp.DIST_BACKEND == "nccl"):
         return

@@ -32,6 +32,8 @@ class TrainState:
     scaler: torch.amp.GradScaler
     step: int = 0
     bad_videos: list[tuple[str, str]] = field(default_factory=list)
+    fallback_videos: list[tuple[str, str]] = field(default_factory=list)  # DECODER auto: read with torchcodec
+    fallback_reported: set[str] = field(default_factory=set)  # named in the log already (once per video)
 
 
 def autocast(ctx: DistContext, amp: str) -> contextlib.AbstractContextManager[Any]:
@@ -48,7 +50,8 @@ def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Te
 
 
 def gather_bad(bad: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Every rank's skipped videos, deduplicated (a padded sample can be the same bad file twice)."""
+    """Every rank's (path, reason) pairs (skipped or fallback videos), deduplicated (a padded sample can be the same
+    bad file twice)."""
     merged = {tuple(item) for part in all_gather_object(bad) for item in part}
     return sorted(merged)
 
@@ -97,6 +100,7 @@ def train_one_epoch(
     state.optimizer.zero_grad(set_to_none=True)
     for batch, last, sync in _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}"):
         state.bad_videos.extend(batch["bad"])
+        state.fallback_videos.extend(batch["fallback"])
         with sync:
             loss, logits = _forward_loss(model, batch, criterion, cfg, ctx)
             state.scaler.scale(loss / train.ACCUM_STEPS).backward()
@@ -137,11 +141,14 @@ def _optimizer_step(model: nn.Module, state: TrainState, clip_norm: float) -> No
 
 
 def _eval_logits(
-    model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str, bad: list[tuple[str, str]]
+    model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str, bad: list[tuple[str, str]],
+    fallback: list[tuple[str, str]],
 ) -> Iterator[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]:
-    """(batch, labels, float logits) of every batch with at least one good video; bad videos go into ``bad``."""
+    """(batch, labels, float logits) of every batch with at least one good video; bad videos go into ``bad``, the
+    ones DECODER auto read with torchcodec into ``fallback``."""
     for batch in progress(ctx, loader, len(loader), desc):
         bad.extend(batch["bad"])
+        fallback.extend(batch["fallback"])
         if len(batch["label"]) == 0:
             continue
         with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
@@ -157,7 +164,8 @@ def evaluate(model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc:
     criterion = nn.CrossEntropyLoss(reduction="sum")
     stats = torch.zeros(4, device=ctx.device, dtype=torch.float64)  # loss sum, top-1, top-5, clips
     bad: list[tuple[str, str]] = []
-    for _, labels, logits in _eval_logits(model, loader, ctx, cfg, desc, bad):
+    fallback: list[tuple[str, str]] = []
+    for _, labels, logits in _eval_logits(model, loader, ctx, cfg, desc, bad, fallback):
         stats += torch.stack([criterion(logits, labels).double(), topk_correct(logits, labels, 1).double(),
                               topk_correct(logits, labels, 5).double(),
                               torch.tensor(len(labels), device=ctx.device, dtype=torch.float64)])
@@ -169,6 +177,7 @@ def evaluate(model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc:
         "top5": 100.0 * stats[2].item() / count,
         "count": int(stats[3].item()),
         "bad": gather_bad(bad),
+        "fallback": gather_bad(fallback),
     }
 
 
@@ -182,7 +191,8 @@ def test_multiview(
     views = torch.zeros(num_videos, device=ctx.device, dtype=torch.float64)
     label_sum = torch.zeros(num_videos, device=ctx.device, dtype=torch.float64)
     bad: list[tuple[str, str]] = []
-    for batch, labels, logits in _eval_logits(model, loader, ctx, cfg, "test", bad):
+    fallback: list[tuple[str, str]] = []
+    for batch, labels, logits in _eval_logits(model, loader, ctx, cfg, "test", bad, fallback):
         vidx = batch["video_index"].to(ctx.device)
         probs.index_add_(0, vidx, logits.softmax(dim=1).double())
         views.index_add_(0, vidx, torch.ones_like(vidx, dtype=torch.float64))
@@ -199,6 +209,7 @@ def test_multiview(
         "videos": count,
         "views_per_video": cfg.CONFIG.DATA.TEST_NUM_SEGMENT * cfg.CONFIG.DATA.TEST_NUM_CROP,
         "bad": gather_bad(bad),
+        "fallback": gather_bad(fallback),
         "predictions": (scores / views[seen, None]).cpu(),
         "labels": labels.cpu(),
     }

@@ -36,7 +36,8 @@ def predict(model: nn.Module, spec: ClipSpec, video: Path) -> torch.Tensor:
     clips = [views[i] for i in range(len(views))]
     if "bad" in clips[0]:
         raise UserError(f"cannot read {video}: {clips[0]['bad'][1]}")
-    return model(torch.stack([clip["video"] for clip in clips])).softmax(dim=1).mean(dim=0)
+    device = next(model.parameters()).device  # clips are where DECODER_DEVICE decoded them
+    return model(torch.stack([clip["video"] for clip in clips]).to(device)).softmax(dim=1).mean(dim=0)
 
 
 def settings(trained: WeightsFile, cfg: Config | None) -> tuple[str, int, ClipSpec, list[str]]:

@@ -51,7 +51,8 @@ def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
              data.TEST_NUM_SEGMENT, data.TEST_NUM_CROP)
     result = test_multiview(model, build_loader(dataset, cfg, "test", ctx), ctx, cfg, num_videos, data.NUM_CLASSES)
     summary = {k: result[k] for k in ("top1", "top5", "videos", "views_per_video")}
-    summary.update(checkpoint=str(path), bad_videos=[list(b) for b in result["bad"]])
+    summary.update(checkpoint=str(path), bad_videos=[list(b) for b in result["bad"]],
+                   decoder_fallbacks=[list(f) for f in result["fallback"]])
     if ctx.is_main:
         eval_dir = Path(cfg.CONFIG.LOG.EVAL_DIR) if cfg.CONFIG.LOG.EVAL_DIR else out
         eval_dir.mkdir(parents=True, exist_ok=True)

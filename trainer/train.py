@@ -179,12 +179,14 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
     state.bad_videos.clear()
+    state.fallback_videos.clear()
     metrics: dict[str, object] = {"lr": state.scheduler.get_last_lr()[0]}
     metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter))
     broadcast_buffers(run.raw_model)
     done = epoch + 1
     is_best = False
     bad = gather_bad(state.bad_videos)  # this epoch's training skips, from every rank
+    fallback = dict(gather_bad(state.fallback_videos))  # path -> why decord could not open it
     validate = done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM
     save = done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM
     if train.PRECISE_BN and (validate or save):  # as PySlowFast: before each evaluation and checkpoint
@@ -192,13 +194,19 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
         log.info("precise BatchNorm statistics from %d batches over %d rank(s)", batches, ctx.world_size)
     if validate:
         val = evaluate(run.raw_model, run.val_loader, ctx, cfg)
-        metrics.update({f"val_{k}": v for k, v in val.items() if k != "bad"})
+        metrics.update({f"val_{k}": v for k, v in val.items() if k not in ("bad", "fallback")})
         is_best = val["top1"] > best_top1
         best_top1 = max(best_top1, val["top1"])
         bad = sorted({*bad, *val["bad"]})  # evaluate already gathered its own
+        fallback.update(val["fallback"])
     for path, reason in bad:
         log.warning("skipped bad video %s: %s", path, reason)
+    for path, reason in sorted(fallback.items()):
+        if path not in state.fallback_reported:
+            log.info("decoded with torchcodec, as decord cannot open it: %s (%s)", path, reason)
+            state.fallback_reported.add(path)
     metrics["bad_videos"] = len(bad)
+    metrics["decoder_fallbacks"] = len(fallback)
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)

@@ -10,7 +10,9 @@ their own sshd and private homes, which come with the repository's .venv pre-ins
     nothing and does not call pip;
   - node1 drifts: its environment is its own venv with torch 2.13.0+cpu (the real CPU wheel from /opt/wheels) over
     the shared stack, node0 keeps the shared one (torch 2.14.1); setup-cluster.yml fails at the comparison with a
-    table naming node1 and torch with both versions, and changes neither node's environment.
+    table naming node1 and torch with both versions, and changes neither node's environment;
+  - the shared environment with both video decoders (DECODER auto): this host's FFmpeg libraries are found on every
+    node (nothing installed), decord and torchcodec verified, torchcodec's and FFmpeg's versions compared.
 The full requirements.txt (the 5.5 GB CUDA stack) is not installed per node here: setup-cluster.yml verifies the
 pre-installed one on every local cluster (tests/cluster/test_ssh_mesh.py), and the install path is the same.
 Lint of these roles runs with the whole repository's in tests/cluster/test_lint.py.
@@ -21,15 +23,17 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, LocalCluster, changed_total, run_playbook
+from tests.cluster.conftest import REPO, LocalCluster, changed_total, recap, run_playbook
 
 ROLE = REPO / "roles" / "python_env"
 PLAYBOOK = REPO / "playbooks" / "environment.yml"
@@ -94,6 +98,19 @@ def test_driver_requirements_for_the_cuda_of_the_torch_build() -> None:
     ]
 
 
+def test_decoder_check_names_what_a_node_lacks() -> None:
+    fine = {"decord": "0.6.0", "torchcodec": "0.17.0+cu130", "ffmpeg": "5.1.9-0+deb12u1"}
+    assert filters.decoder_problems(fine, ["decord", "torchcodec"]) == []
+    assert filters.decoder_problems({**fine, "decord": "missing", "ffmpeg": "not found"}, ["decord"]) == [
+        "decord is missing"
+    ]
+    assert filters.decoder_problems({**fine, "ffmpeg": "not found"}, ["decord", "torchcodec"]) == [
+        "torchcodec 0.17.0+cu130 cannot load FFmpeg's shared libraries (not found)"
+    ]
+    assert filters.decoder_problems({"python": "no environment at /x"}, ["torchcodec"]) == ["torchcodec is missing"]
+    assert filters.decoder_problems({**fine, "torchcodec": "broken: OSError: x"}, []) == []
+
+
 def test_requirement_check_compares_installed_versions() -> None:
     import paramiko
 
@@ -153,6 +170,7 @@ def per_node(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
         "-e", "python_env_wheelhouse=true",
         "-e", "python_env_wheelhouse_copy=true",
         "-e", f"python_env_wheelhouse_controller_dir={base / 'wheelhouse'}",
+        "-e", '{"python_env_decoders": []}',  # these small environments hold no video decoder
     )  # fmt: skip
 
 
@@ -179,7 +197,8 @@ def test_each_node_installs_its_own_environment_offline(cluster: LocalCluster, p
         assert (node.home / "vidcluster" / "wheelhouse" / "paramiko-4.0.0-py3-none-any.whl").is_file()
         assert (node.home / "vidcluster" / "venv" / "vidcluster-requirements.txt").read_text() == SMALL_REQUIREMENTS
         assert re.search(
-            rf"^\s*- {node.name}\s+3\.11\.\d+\s+missing(\s+n/a){{3}}\s+missing\s+missing\s+4\.0\.0\b", proc.stdout, re.M
+            rf"^\s*- {node.name}\s+3\.11\.\d+\s+missing(\s+n/a){{3}}(\s+missing){{3}}\s+n/a\s+4\.0\.0\b", proc.stdout,
+            re.M,
         )
 
 
@@ -238,3 +257,22 @@ def test_node_with_a_different_torch_fails_the_setup_naming_it(cluster: LocalClu
     assert [path.stat().st_mtime_ns if path.exists() else None for path in shared_files] == shared_before
     assert sorted(p.name for p in node0.home.iterdir()) == node0_home_before
     assert not (node0.home / "drift").exists()
+
+
+def test_shared_environment_runs_both_decoders(cluster: LocalCluster) -> None:
+    torchcodec = metadata.version("torchcodec")
+    ffmpeg = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True, check=True).stdout.split()[2]
+    started = time.monotonic()
+    proc = cluster.playbook(PLAYBOOK, "-e", '{"python_env_decoders": ["decord", "torchcodec"]}')
+    print(f"shared environment with both decoders: {time.monotonic() - started:.0f} s")
+    # This host's FFmpeg libraries are every node's: found, so nothing is installed (and no become is needed).
+    assert task_lines(proc.stdout, "Install FFmpeg's shared libraries for torchcodec") == [
+        f"skipping: [{node.name}]" for node in cluster.nodes
+    ]
+    assert task_lines(proc.stdout, "Check that the node can run the chosen video decoders") == [
+        f"ok: [{node.name}]" for node in cluster.nodes
+    ]
+    for node in cluster.nodes:  # ... decord, torchcodec, ffmpeg, paramiko in the table
+        assert re.search(rf"^\s*- '?{node.name}\s.*\s0\.6\.0\s+{re.escape(torchcodec)}\S*\s+{re.escape(ffmpeg)}\s",
+                         proc.stdout, re.M), proc.stdout[-4000:]
+    assert all(recap(proc.stdout)[node.name]["changed"] == 0 for node in cluster.nodes)

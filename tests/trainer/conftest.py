@@ -1,12 +1,25 @@
-"""Shared fixtures of the trainer tests."""
+"""Shared fixtures of the trainer tests, and ffmpeg for the videos they encode in other codecs."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from trainer.data import make_synthetic_dataset
+
+# Debian's ffmpeg encoder, fast settings; 8-frame GOPs so clips cross key frames. AV1 is what decord cannot open.
+AV1 = ["-c:v", "libaom-av1", "-cpu-used", "8", "-row-mt", "1", "-g", "8", "-pix_fmt", "yuv420p"]
+
+
+def ffmpeg(*args: str, data: bytes | None = None) -> bytes:
+    """Run ffmpeg (quiet, overwriting outputs) and return its stdout; a failure fails the test with its stderr."""
+    proc = subprocess.run(["ffmpeg", "-loglevel", "error", "-y", *args], input=data, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"ffmpeg {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +30,27 @@ def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     """
     root = tmp_path_factory.mktemp("synthetic")
     return make_synthetic_dataset(root, ("left", "right"), (12, 6), size=32, frames=16, fps=8, seed=0)
+
+
+@pytest.fixture(scope="session")
+def mixed_dataset(
+    synthetic_dataset: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], list[str]]:
+    """The synthetic dataset with 3 of its videos (a 'left' and a 'right' training one, a validation one) replaced
+    by AV1 re-encodings (.mkv), so the lists keep 24 + 12 videos; and the AV1 files' paths (train, train, val)."""
+    out = tmp_path_factory.mktemp("mixed")
+    root = Path(synthetic_dataset["TRAIN_DATA_PATH"])
+    data = dict(synthetic_dataset)
+    av1: list[str] = []
+    for split, picks in (("TRAIN", ("train/left/left_000.mp4", "train/right/right_000.mp4")),
+                         ("VAL", ("val/left/left_000.mp4",))):
+        lines = Path(synthetic_dataset[f"{split}_ANNO_PATH"]).read_text()
+        for rel in picks:
+            target = out / Path(rel).with_suffix(".mkv")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            ffmpeg("-i", str(root / rel), *AV1, str(target))
+            lines = lines.replace(rel, str(target))  # an absolute path in a list is used as it is
+            av1.append(str(target))
+        (out / f"{split.lower()}.txt").write_text(lines)
+        data[f"{split}_ANNO_PATH"] = str(out / f"{split.lower()}.txt")
+    return data, av1

@@ -26,12 +26,15 @@ DATA_DEFAULTS: dict[str, Any] = {
     "TEST_NUM_SEGMENT": 1, "TEST_NUM_CROP": 1, "TEST_CROP_SIZE": 24,
     "CROP_SIZE": 24, "SHORT_SIDE_SIZE": 32, "NEW_HEIGHT": 32, "NEW_WIDTH": 40, "KEEP_ASPECT_RATIO": False,
     "NUM_WORKERS": 0, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
+    "DECODER": "decord", "DECODER_DEVICE": "cpu",
 }  # fmt: skip
 
 
 def make_cfg(data: dict[str, Any], batch_size: int = 4, recipe: str = "gluoncv", **overrides: Any) -> SimpleNamespace:
-    """The cfg.CONFIG.{RECIPE,DATA,TRAIN,VAL} attribute paths the data package reads, as plain objects."""
+    """The cfg.CONFIG.{RECIPE,DATA,TRAIN,VAL} and cfg.DDP_CONFIG.GPU attribute paths the data package reads, as
+    plain objects."""
     return SimpleNamespace(
+        DDP_CONFIG=SimpleNamespace(GPU=0),
         CONFIG=SimpleNamespace(
             RECIPE=recipe,
             DATA=SimpleNamespace(**{**DATA_DEFAULTS, **data, **overrides}),

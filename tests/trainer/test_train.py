@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -214,3 +215,31 @@ def test_gradient_accumulation_steps_and_keeps_ranks_identical(
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == 3
     assert json.loads((tmp_path / "run" / "weights_digest.json").read_text())["identical"]
+
+
+@pytest.mark.parametrize("decoder", ["auto", "decord"])
+def test_mixed_h264_and_av1_dataset_with_auto_and_with_decord(
+    mixed_dataset: tuple[dict[str, Any], list[str]], tmp_path: Path, decoder: str
+) -> None:
+    """auto trains on every video and names the AV1 ones it read with torchcodec, once; decord skips and names them."""
+    data, av1 = mixed_dataset
+    cfg = write_config(tmp_path / "cfg.yaml", {**data, "DECODER": decoder}, tmp_path / "run",
+                       TRAIN={"EPOCH_NUM": 2})  # fmt: skip
+    run_trainer("-m", "trainer.train", "--config-file", cfg)
+    records = metrics(tmp_path / "run")
+    log_text = (tmp_path / "run" / "log.txt").read_text()
+    check = run_trainer("-m", "trainer", "check-data", "--config-file", cfg, check=False)
+    if decoder == "auto":
+        assert check.returncode == 0 and check.stdout.splitlines() == ["0 bad video(s)"], check.stdout
+        assert [(r["bad_videos"], r["decoder_fallbacks"], r["val_count"]) for r in records] == [(0, 3, 12)] * 2
+        for path in av1:
+            assert log_text.count(f"decoded with torchcodec, as decord cannot open it: {path} (cannot open: ") == 1
+        assert "skipped bad video" not in log_text
+    else:
+        assert [(r["bad_videos"], r["decoder_fallbacks"], r["val_count"]) for r in records] == [(3, 0, 11)] * 2
+        for path in av1:
+            assert f"skipped bad video {path}: cannot open: " in log_text
+        assert "decoded with torchcodec" not in log_text
+        assert check.returncode == 1 and f"{len(av1)} bad video(s)" in check.stdout, check.stdout
+        for path in av1:
+            assert re.search(rf"^BAD {re.escape(path)}: cannot open: .*; torchcodec reads it$", check.stdout, re.M)

@@ -1,5 +1,5 @@
-"""Video data: annotation lists, clip sampling, transforms, the decord dataset, loaders, checks, synthetic
-videos."""
+"""Video data: annotation lists, clip sampling, transforms, decoders (decord, torchcodec), the dataset, loaders,
+checks, synthetic videos."""
 
 from trainer.data.annotations import write_annotations_from_tree
 from trainer.data.check import check_dataset

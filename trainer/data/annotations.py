@@ -117,11 +117,12 @@ def write_class_index(path: str | Path, classes: list[str]) -> None:
     Path(path).write_text("".join(f"{name}\n" for name in classes))
 
 
-def count_frames(path: str | Path) -> int:
-    """Number of frames decord reports for a video (raises if it cannot be opened)."""
-    from decord import VideoReader  # imported here so parsing lists never needs the decoder
+def count_frames(path: str | Path, decoder: str = "decord") -> int:
+    """Number of frames of a video as CONFIG.DATA.DECODER `decoder` reads it; BadVideo if it cannot open it."""
+    from trainer.data.decoders import ClipDecoder  # imported here so parsing lists never needs a decoder
 
-    return len(VideoReader(str(path), num_threads=1))
+    reader, _ = ClipDecoder(decoder).open(str(path))  # type: ignore[arg-type]
+    return len(reader)
 
 
 def _list_tree(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
@@ -138,14 +139,16 @@ def _list_tree(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
 
 
 def write_annotations_from_tree(
-    root: str | Path, out_dir: str | Path, val_fraction: float = 0.2, seed: int = 0
+    root: str | Path, out_dir: str | Path, val_fraction: float = 0.2, seed: int = 0, decoder: str = "decord"
 ) -> TreeAnnotations:
     """Write GluonCV `train.txt`/`val.txt` (paths relative to `root`) and `classInd.txt` into `out_dir`.
 
     Labels follow the sorted class folder names. Each class is split on its own (seeded shuffle) so both
-    lists keep every class; frame counts come from decord, and videos it cannot open are left out and
-    returned in `skipped`.
+    lists keep every class; frame counts come from `decoder` (CONFIG.DATA.DECODER), and videos it cannot open
+    are left out and returned in `skipped`.
     """
+    from trainer.data.decoders import BadVideo
+
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     root, out_dir = Path(root), Path(out_dir)
@@ -159,9 +162,9 @@ def write_annotations_from_tree(
         num_val = round(len(members) * val_fraction)
         for i, video in enumerate(members):
             try:
-                frames = count_frames(video)
-            except Exception as exc:  # decord raises several unrelated types for bad files
-                skipped.append((str(video), f"cannot open: {exc}".splitlines()[0]))
+                frames = count_frames(video, decoder)
+            except BadVideo as exc:
+                skipped.append((str(video), str(exc)))
                 continue
             split = "val" if i < num_val else "train"
             lines[split].append(f"{video.relative_to(root).as_posix()} {frames} {label}\n")

@@ -1,34 +1,65 @@
-"""Check a whole dataset: open every listed video and decode its first and last frame."""
+"""Check a whole dataset: open every listed video with the configured decoder and decode its first and last frame.
+
+A bad video's reason ends by saying whether the other decoder reads it, so the fix is plain: switch DECODER, or
+re-encode or drop the file.
+"""
 
 from __future__ import annotations
 
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from trainer.data.annotations import read_annotations
-from trainer.data.dataset import BadVideo, open_video, read_frames
+from trainer.data.decoders import BadVideo, ClipDecoder, DecoderChoice, DecoderUnavailable, check_file
 
 CHECK_PROCESSES = 2
+# The decoder to ask about a video the configured one cannot read.
+OTHER: dict[DecoderChoice, DecoderChoice] = {"decord": "torchcodec", "torchcodec": "decord", "auto": "torchcodec"}
 
 
-def probe_video(path: str) -> str | None:
-    """Why the video is unusable, or None when its first and last frames decode."""
+def probe_video(decoder: ClipDecoder, path: str) -> str | None:
+    """Why `decoder` cannot use the video, or None when its first and last frames decode."""
     try:
-        reader = open_video(path)
-        read_frames(reader, np.array([0, len(reader) - 1]))
+        decoder.clip(path, lambda n: np.array([0, n - 1]))
     except BadVideo as exc:
         return str(exc)
     return None
 
 
-def check_dataset(anno_path: str | Path, data_root: str | Path) -> list[tuple[str, str]]:
+def check_video(choice: DecoderChoice, path: str) -> str | None:
+    """None for a good video; for a bad one, the reason and whether the other decoder reads it."""
+    try:
+        check_file(path)
+    except BadVideo as exc:
+        return str(exc)  # nothing to ask another decoder
+    reason = probe_video(ClipDecoder(choice), path)
+    if reason is None:
+        return None
+    if choice == "auto" and reason.startswith("decord: "):
+        return f"{reason} (neither decoder reads it)"  # auto has already tried torchcodec
+    other = OTHER[choice]
+    try:
+        verdict = probe_video(ClipDecoder(other), path)
+    except DecoderUnavailable as exc:
+        return f"{reason}; cannot ask {other} ({exc})"
+    return f"{reason}; {other} reads it" if verdict is None else f"{reason}; {other} cannot either ({verdict})"
+
+
+def check_dataset(
+    anno_path: str | Path, data_root: str | Path, decoder: DecoderChoice = "decord"
+) -> list[tuple[str, str]]:
     """(path, reason) of every bad video in an annotation list, in list order; [] when all are fine."""
     paths = [record.path for record in read_annotations(anno_path, data_root)]
-    # fork: the children only need the already-imported decoder, and spawn would re-import torch in each.
+    # fork: the children only need the already-imported decoders, and spawn would re-import torch in each.
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(CHECK_PROCESSES, mp_context=context) as pool:
-        reasons = list(pool.map(probe_video, paths, chunksize=8))
+    # One torch thread in each child, as in DataLoader workers: a forked child must not enter the parent's
+    # OpenMP thread pool (it hangs there).
+    with ProcessPoolExecutor(CHECK_PROCESSES, mp_context=context, initializer=torch.set_num_threads,
+                             initargs=(1,)) as pool:
+        reasons = list(pool.map(partial(check_video, decoder), paths, chunksize=8))
     return [(path, reason) for path, reason in zip(paths, reasons, strict=True) if reason is not None]

@@ -1,10 +1,11 @@
-"""VideoClipDataset: decord clips for train, val and multi-view test.
+"""VideoClipDataset: decoded clips for train, val and multi-view test.
 
-The decord `VideoReader` is opened inside `__getitem__`, so it lives in whichever DataLoader worker runs the
-item and is never pickled or shared between processes. Each clip is one `get_batch` of sorted unique frame
-indices. The decoder resizes frames to NEW_WIDTH x NEW_HEIGHT when KEEP_ASPECT_RATIO is False (GluonCV's
-behaviour); with KEEP_ASPECT_RATIO True frames are decoded at their native size and the transforms do the
-short-side resize.
+Videos are decoded by CONFIG.DATA.DECODER through trainer.data.decoders: decord (default), torchcodec, or auto
+(decord, and torchcodec for a video decord cannot open). The reader is opened inside `__getitem__`, so it lives in
+whichever DataLoader worker runs the item and is never pickled or shared between processes. Each clip is one
+batched read of sorted unique frame indices. The decoder resizes frames to NEW_WIDTH x NEW_HEIGHT when
+KEEP_ASPECT_RATIO is False (GluonCV's behaviour); with KEEP_ASPECT_RATIO True frames are decoded at their native
+size and the transforms do the short-side resize.
 
 Training randomness comes from a generator keyed by (TRAIN.SEED, epoch, index): a sample gets the same clip
 and crop whichever worker or rank loads it, with any NUM_WORKERS, and again after a resume. The training
@@ -12,37 +13,27 @@ sampler hands the epoch in with each index (see loader.EpochDistributedSampler);
 epoch 0.
 
 A video that is missing, empty or cannot be decoded yields `{'bad': (path, reason), 'index': i}` instead of a
-clip.
+clip. A clip that `auto` decoded with torchcodec carries `'fallback': (path, why decord could not open it)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import decord
 import numpy as np
 from torch.utils.data import Dataset
 
 from trainer.data.annotations import VideoRecord, read_annotations
+from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, DecoderChoice
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_transform, train_transform
-from trainer.errors import first_line
 
 if TYPE_CHECKING:
     from trainer.config import Config
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
-
-# We name bad videos ourselves; without this, FFmpeg prints a block of errors for each one.
-decord.logging.set_level(decord.logging.QUIET)
-
-
-class BadVideo(Exception):
-    """A video that cannot give a clip; the message is the reason reported to the user."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +56,9 @@ class ClipSpec:
     test_positions: tuple[float, ...]  # where each temporal test view starts (sampling.temporal_view_positions)
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
+    # Defaults for checkpoints whose recorded clip settings predate DECODER: decord was then the only decoder.
+    decoder: DecoderChoice = "decord"
+    decoder_device: str = "cpu"
 
     @classmethod
     def from_config(cls, cfg: Config) -> ClipSpec:
@@ -87,60 +81,22 @@ class ClipSpec:
             # [] until the trainer resolves it from the initial weights; no weights means ImageNet's
             mean=tuple(data.MEAN) or IMAGENET_MEAN,
             std=tuple(data.STD) or IMAGENET_STD,
+            decoder=data.DECODER,
+            decoder_device=data.DECODER_DEVICE,
         )
 
     @property
     def decode_size(self) -> tuple[int, int]:
-        """(width, height) for VideoReader; -1 keeps the native size."""
-        return (-1, -1) if self.keep_aspect_ratio else (self.new_width, self.new_height)
-
-
-def open_video(path: str, width: int = -1, height: int = -1) -> decord.VideoReader:
-    """Open a video with one decoder thread (workers already run in parallel); BadVideo says why not."""
-    file = Path(path)
-    if not file.is_file():
-        raise BadVideo("missing file")
-    if file.stat().st_size == 0:
-        raise BadVideo("empty file (0 bytes)")
-    try:
-        reader = decord.VideoReader(path, ctx=decord.cpu(0), width=width, height=height, num_threads=1)
-    except Exception as exc:  # decord raises RuntimeError or DECORDError (not a RuntimeError) for bad input
-        raise BadVideo(f"cannot open: {first_line(exc)}") from exc
-    if len(reader) == 0:
-        raise BadVideo("no video frames")
-    return reader
-
-
-def read_frames(reader: decord.VideoReader, indices: np.ndarray) -> np.ndarray:
-    """Frames [len(indices), H, W, 3] uint8 from one get_batch over the sorted unique indices."""
-    unique, inverse = np.unique(indices, return_inverse=True)
-    try:
-        frames = reader.get_batch(unique.tolist()).asnumpy()
-    except Exception as exc:  # a truncated file can open and then fail on the missing frames
-        raise BadVideo(f"cannot decode frames: {first_line(exc)}") from exc
-    return frames[inverse.reshape(-1), ..., :3]  # decord can hand back RGBA for some small frames
-
-
-def decode_clip(
-    path: str, sample: Callable[[int], np.ndarray], width: int = -1, height: int = -1
-) -> np.ndarray:
-    """Frames at the indices `sample(num_frames)` picks, resized by the decoder to width x height if given."""
-    reader = open_video(path, width, height)
-    indices = sample(len(reader))
-    try:
-        return read_frames(reader, indices)
-    except BadVideo:
-        if (width, height) == (-1, -1):
-            raise
-    # decord mis-sizes some resized outputs (dmlc/decord#336, e.g. width 48); the native size always works
-    # and the transforms resize anyway, so retry before calling the video bad.
-    return read_frames(open_video(path), indices)
+        """(width, height) the decoder resizes to; NATIVE keeps the video's size."""
+        return NATIVE if self.keep_aspect_ratio else (self.new_width, self.new_height)
 
 
 class VideoClipDataset(Dataset):
     """Clips of annotated videos for one split; a test split has one item per (video, temporal view, crop)."""
 
-    def __init__(self, records: list[VideoRecord], split: Split, spec: ClipSpec, seed: int = 0) -> None:
+    def __init__(
+        self, records: list[VideoRecord], split: Split, spec: ClipSpec, seed: int = 0, gpu: int = 0
+    ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.records = records
@@ -148,6 +104,7 @@ class VideoClipDataset(Dataset):
         self.spec = spec
         self.seed = seed
         self.crop_positions = crop_positions(spec.test_num_crop)
+        self.decoder = ClipDecoder(spec.decoder, spec.decode_size, spec.decoder_device, gpu)
 
     @property
     def views_per_video(self) -> int:
@@ -173,20 +130,23 @@ class VideoClipDataset(Dataset):
         clip = (spec.clip_len, spec.frame_rate, spec.num_segment)
         if self.split == "train":
             rng = np.random.default_rng((self.seed, epoch, index))
-            frames = decode_clip(record.path, lambda n: train_indices(n, *clip, rng), *spec.decode_size)
+            frames, fallback = self.decoder.clip(record.path, lambda n: train_indices(n, *clip, rng))
             video = train_transform(
                 frames, spec.crop_size, spec.short_side, spec.scale_jitter, spec.random_flip, rng, spec.mean, spec.std
             )
         elif self.split == "val":
-            frames = decode_clip(record.path, lambda n: val_indices(n, *clip), *spec.decode_size)
+            frames, fallback = self.decoder.clip(record.path, lambda n: val_indices(n, *clip))
             video = eval_transform(frames, spec.crop_size, spec.short_side, 0.5, spec.mean, spec.std)
         else:
             temporal, spatial = divmod(view, spec.test_num_crop)
             start = spec.test_positions[temporal]
-            frames = decode_clip(record.path, lambda n: view_indices(n, *clip, start), *spec.decode_size)
+            frames, fallback = self.decoder.clip(record.path, lambda n: view_indices(n, *clip, start))
             position = self.crop_positions[spatial]
             video = eval_transform(frames, spec.test_crop_size, spec.short_side, position, spec.mean, spec.std)
-        return {"video": video, "label": record.label, "index": index}
+        item = {"video": video, "label": record.label, "index": index}
+        if fallback is not None:
+            item["fallback"] = (record.path, fallback)
+        return item
 
 
 def build_dataset(cfg: Config, split: Split) -> VideoClipDataset:
@@ -197,4 +157,5 @@ def build_dataset(cfg: Config, split: Split) -> VideoClipDataset:
     else:
         anno, root = data.VAL_ANNO_PATH, data.VAL_DATA_PATH
     records = read_annotations(anno, root, num_classes=data.NUM_CLASSES)
-    return VideoClipDataset(records, split, ClipSpec.from_config(cfg), seed=cfg.CONFIG.TRAIN.SEED)
+    spec = ClipSpec.from_config(cfg)
+    return VideoClipDataset(records, split, spec, seed=cfg.CONFIG.TRAIN.SEED, gpu=cfg.DDP_CONFIG.GPU)

@@ -47,13 +47,15 @@ class ShardSampler(Sampler[int]):
 
 
 def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack good items; bad ones only add (path, reason) to 'bad'. An all-bad batch has 0-length tensors."""
+    """Stack good items; bad ones only add (path, reason) to 'bad'. An all-bad batch has 0-length tensors.
+    'fallback' lists (path, reason) of the clips DECODER auto read with torchcodec."""
     good = [item for item in items if "bad" not in item]
     batch: dict[str, Any] = {
         "video": torch.stack([item["video"] for item in good]) if good else torch.empty(0),
         "label": torch.tensor([item["label"] for item in good], dtype=torch.long),
         "index": torch.tensor([item["index"] for item in good], dtype=torch.long),
         "bad": [item["bad"] for item in items if "bad" in item],
+        "fallback": [item["fallback"] for item in good if "fallback" in item],
     }
     if any("video_index" in item for item in items):
         batch["video_index"] = torch.tensor([item["video_index"] for item in good], dtype=torch.long)
@@ -103,5 +105,5 @@ def build_loader(
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed + rank),
         persistent_workers=workers > 0,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=torch.cuda.is_available() and dataset.decoder.device == "cpu",  # GPU-decoded clips are there
     )

@@ -1,4 +1,5 @@
-"""Clip transforms: decoded uint8 frames [T, H, W, C] in, normalised float [C, T, H, W] out.
+"""Clip transforms: decoded uint8 frames [T, H, W, C] in (tensor, on the decoder's device, or numpy array),
+normalised float [C, T, H, W] out.
 
 Every spatial transform is one `resized_crop` on uint8: we pick the input region that would become the crop
 after a short-side resize and resize only that region, which gives the same picture as resize-then-crop at a
@@ -40,23 +41,24 @@ def normalize(
     frames: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
 ) -> torch.Tensor:
     """uint8 [T, C, H, W] -> float32 [C, T, H, W] normalised by per-channel ``mean``/``std`` (of [0, 1] values),
-    in one fused multiply-subtract."""
-    mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1, 1)
-    std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1, 1)
+    in one fused multiply-subtract, on the frames' device."""
+    mean = torch.tensor(mean, dtype=torch.float32, device=frames.device).view(-1, 1, 1, 1)
+    std = torch.tensor(std, dtype=torch.float32, device=frames.device).view(-1, 1, 1, 1)
     video = frames.permute(1, 0, 2, 3).to(torch.float32)
     return video.mul_(1.0 / (255.0 * std)).sub_(mean / std).contiguous()
 
 
-def _resized_crop(
-    frames: np.ndarray, crop_size: int, short_side: float, fy: float, fx: float
-) -> torch.Tensor:
-    video = torch.from_numpy(frames).permute(0, 3, 1, 2)  # [T, C, H, W] view, no copy
+Frames = torch.Tensor | np.ndarray
+
+
+def _resized_crop(frames: Frames, crop_size: int, short_side: float, fy: float, fx: float) -> torch.Tensor:
+    video = torch.as_tensor(frames).permute(0, 3, 1, 2)  # [T, C, H, W] view, no copy
     top, left, side = crop_box(video.shape[-2], video.shape[-1], short_side, crop_size, fy, fx)
     return TF.resized_crop(video, top, left, side, side, [crop_size, crop_size], antialias=True)
 
 
 def train_transform(
-    frames: np.ndarray,
+    frames: Frames,
     crop_size: int,
     short_side: int,
     scale_jitter: tuple[float, float],
@@ -76,7 +78,7 @@ def train_transform(
 
 
 def eval_transform(
-    frames: np.ndarray,
+    frames: Frames,
     crop_size: int,
     short_side: int,
     position: float = 0.5,

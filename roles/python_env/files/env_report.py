@@ -1,8 +1,10 @@
 """Print this Python environment's training stack as one JSON object (python_env runs it with the env's python).
 
-Keys: python, torch, cuda, cudnn, nccl, torchvision, decord, paramiko (version strings), torch_gpus (device names
-torch sees). A package that is not installed reports "missing"; one that is installed but fails to import reports
-"broken: <error>", so a half-installed node shows up in the cross-node table instead of crashing the report.
+Keys: python, torch, cuda, cudnn, nccl, torchvision, decord, torchcodec, paramiko (version strings), ffmpeg (the
+FFmpeg torchcodec loaded: its version, "not found" when torchcodec finds no FFmpeg shared libraries it supports, "n/a"
+without torchcodec), torch_gpus (device names torch sees). A package that is not installed reports "missing"; one
+that is installed but fails to import reports "broken: <error>", so a half-installed node shows up in the cross-node
+table instead of crashing the report.
 """
 
 from __future__ import annotations
@@ -44,6 +46,20 @@ def _torch_details(torch: Any) -> dict[str, Any]:
     return details
 
 
+def _ffmpeg_version(torchcodec: Any) -> str:
+    """The FFmpeg libraries torchcodec loads from the system (decord brings its own and needs none)."""
+    if torchcodec is None:
+        return NOT_AVAILABLE
+    if torchcodec.ffmpeg_major_version is None:
+        return "not found"
+    try:
+        from torchcodec._core import get_ffmpeg_library_versions
+
+        return str(get_ffmpeg_library_versions()["ffmpeg_version"])
+    except Exception as exc:  # a finding to report, not a crash
+        return f"broken: {type(exc).__name__}: {exc}"
+
+
 def main() -> None:
     report: dict[str, Any] = {"python": platform.python_version()}
     torch, report["torch"] = _module_version("torch")
@@ -53,6 +69,8 @@ def main() -> None:
         report.update(_torch_details(torch))
     for module in ("torchvision", "decord", "paramiko"):
         report[module] = _module_version(module)[1]
+    torchcodec, report["torchcodec"] = _module_version("torchcodec")
+    report["ffmpeg"] = _ffmpeg_version(torchcodec)
     print(json.dumps(report))
 
 

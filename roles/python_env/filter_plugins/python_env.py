@@ -1,4 +1,5 @@
-"""Filters of the python_env role: CUDA -> driver requirements and the cross-node version comparison.
+"""Filters of the python_env role: CUDA -> driver requirements, video decoder checks and the cross-node version
+comparison.
 
 Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
 """
@@ -56,6 +57,24 @@ def torch_cuda_from_requirements(requirements: str, default: str) -> str:
         if match:
             return f"{int(match.group(1))}.{match.group(2)}"
     return str(default)
+
+
+def _is_version(value: Any) -> bool:
+    """A reported version ('0.6.0', '5.1.9-0+deb12u1'), not 'missing', 'broken: ...', 'not found' or 'n/a'."""
+    return bool(re.match(r"\d", str(value)))
+
+
+def decoder_problems(report: Mapping[str, Any], decoders: Sequence[str]) -> list[str]:
+    """What keeps a node from running each video decoder in ``decoders`` ('decord', 'torchcodec'), read from its
+    environment report (env_report.py); [] when it can run them all. torchcodec also needs FFmpeg's libraries."""
+    problems = []
+    for decoder in decoders:
+        version = report.get(decoder, "missing")
+        if not _is_version(version):
+            problems.append(f"{decoder} is {version}")
+        elif decoder == "torchcodec" and not _is_version(report.get("ffmpeg")):
+            problems.append(f"torchcodec {version} cannot load FFmpeg's shared libraries ({report.get('ffmpeg')})")
+    return problems
 
 
 def _cell(value: Any) -> str:
@@ -116,6 +135,7 @@ class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
             "python_env_cuda_min_driver": cuda_min_driver,
+            "python_env_decoder_problems": decoder_problems,
             "python_env_driver_supports": driver_supports,
             "python_env_parse_gpus": parse_gpus,
             "python_env_torch_cuda": torch_cuda_from_requirements,

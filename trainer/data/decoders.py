@@ -1,0 +1,275 @@
+"""Video decoders behind one interface: decord (the default, what GluonCV users know) and torchcodec (maintained,
+reads AV1, decodes on NVIDIA GPUs).
+
+    decoder = ClipDecoder("auto", size=(340, 256))        # CONFIG.DATA.DECODER, NEW_WIDTH x NEW_HEIGHT
+    clip = decoder.clip(path, lambda num_frames: indices)  # clip.frames: uint8 [len(indices), H, W, 3]
+
+`auto` decodes with decord and opens a video decord cannot open (AV1, for one) with torchcodec; `clip.fallback`
+then says why decord could not, so the caller reports the video once instead of calling it bad.
+
+Parity. Both backends give the same frame for the same index: torchcodec seeks in exact mode (it scans the file
+once when opening it, so frame i is the i-th frame in presentation order, as in decord). At the native size the
+frames are bit-identical for every codec decord reads (H.264, HEVC, VP9, lossless or not): the codecs decode
+bit-exactly and both convert YUV to RGB with FFmpeg's swscale. One exception, decord's: it seeks into HEVC with open
+GOPs (x265's default) inexactly and returns neighbouring frames; torchcodec gives the right ones.
+
+With a decode size (NEW_WIDTH x NEW_HEIGHT, when KEEP_ASPECT_RATIO is False) both resize in the decoder with
+swscale's bilinear filter to the same geometry, but in a different order: decord scales the YUV planes and then
+converts, torchcodec converts and then scales the RGB frame (its `Resize` decoder transform; on a GPU, where
+torchcodec has no decoder transforms, torchvision's bilinear resize after decoding). The frames are identical for
+4:4:4 and RGB videos; for 4:2:0 ones (almost every H.264 file) the chroma is interpolated differently and pixels
+differ by a few levels at colour edges (about 3 on average on the tests' per-pixel noise, the worst case).
+
+The readers are opened where the clip is decoded, i.e. inside the DataLoader worker; nothing here is shared
+between processes. Errors a video causes become `BadVideo` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, NamedTuple, Protocol
+
+import decord
+import numpy as np
+import torch
+
+from trainer.errors import UserError, first_line
+
+Backend = Literal["decord", "torchcodec"]
+DecoderChoice = Literal["decord", "torchcodec", "auto"]
+NATIVE: tuple[int, int] = (-1, -1)  # (width, height) that keeps the video's own size
+
+log = logging.getLogger("trainer")
+
+# We name bad videos ourselves; without this, FFmpeg prints a block of errors for each one.
+decord.logging.set_level(decord.logging.QUIET)
+
+
+class BadVideo(Exception):
+    """A video that cannot give a clip; the message is the reason reported to the user."""
+
+
+class DecoderUnavailable(UserError):
+    """The chosen decoder cannot run on this machine (not installed, or no FFmpeg libraries for torchcodec)."""
+
+
+# "[04:32:17] /github/workspace/src/video/video_reader.cc:151: " (decord) and
+# "SingleStreamDecoder, /__w/torchcodec/.../SingleStreamDecoder.cpp:41, " (torchcodec): where in their C++ it failed.
+_SOURCE_PREFIX = re.compile(r"^(\[[\d:]+\] \S+:\d+: |\w+, \S+:\d+, )")
+
+
+def decoder_error(exc: BaseException) -> str:
+    """The decoders' errors carry C++ traces and source locations; the first line, without them, says what failed."""
+    return _SOURCE_PREFIX.sub("", first_line(exc))
+
+
+class VideoReader(Protocol):
+    """An open video of one backend: its length and the frames at sorted unique indices."""
+
+    backend: Backend
+
+    def __len__(self) -> int: ...
+
+    def get_frames(self, indices: list[int]) -> torch.Tensor:
+        """uint8 [len(indices), H, W, 3] for sorted, unique indices."""
+        ...
+
+
+class DecordReader:
+    backend: Backend = "decord"
+
+    def __init__(self, path: str, size: tuple[int, int], device: str = "cpu") -> None:
+        width, height = size
+        # One decoder thread: DataLoader workers already decode in parallel.
+        self._reader = decord.VideoReader(path, ctx=decord.cpu(0), width=width, height=height, num_threads=1)
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def get_frames(self, indices: list[int]) -> torch.Tensor:
+        # decord can hand back RGBA for some small frames
+        return torch.from_numpy(self._reader.get_batch(indices).asnumpy()[..., :3])
+
+
+def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 [T, H, W, 3] resized to size = (width, height), bilinear with antialiasing: torchcodec's Resize decoder
+    transform, done by torchvision where torchcodec has no decoder transforms (GPU decoding)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    width, height = size
+    return TF.resize(frames.permute(0, 3, 1, 2), [height, width], antialias=True).permute(0, 2, 3, 1)
+
+
+class TorchcodecReader:
+    backend: Backend = "torchcodec"
+
+    def __init__(
+        self, path: str, size: tuple[int, int], device: str = "cpu", seek_mode: str = "exact"
+    ) -> None:
+        from torchcodec.decoders import VideoDecoder
+        from torchcodec.transforms import Resize
+
+        width, height = size
+        self.device = device
+        # torchcodec applies decoder transforms on the CPU only; GPU-decoded frames are resized on the GPU.
+        in_decoder = size != NATIVE and device == "cpu"
+        self._resize_after = size if size != NATIVE and not in_decoder else None
+        self._decoder = VideoDecoder(
+            path,
+            dimension_order="NHWC",
+            num_ffmpeg_threads=1,
+            device=device,
+            # exact: frame i is the i-th frame, as in decord; approximate trusts the container's index (benchmarks).
+            seek_mode=seek_mode,  # type: ignore[arg-type]
+            transforms=[Resize((height, width))] if in_decoder else None,
+        )
+
+    def __len__(self) -> int:
+        return len(self._decoder)
+
+    def get_frames(self, indices: list[int]) -> torch.Tensor:
+        frames = self._decoder.get_frames_at(indices).data
+        if self.device != "cpu" and self._decoder.cpu_fallback:
+            _warn_once(f"torchcodec decodes on the CPU instead of {self.device}: {self._decoder.cpu_fallback}")
+        frames = frames.to(self.device)  # a CPU fallback inside torchcodec must not mix devices in a batch
+        return frames if self._resize_after is None else resize_frames(frames, self._resize_after)
+
+
+READERS: dict[Backend, Callable[[str, tuple[int, int], str], VideoReader]] = {
+    "decord": DecordReader,
+    "torchcodec": TorchcodecReader,
+}
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
+def torchcodec_problem() -> str | None:
+    """Why torchcodec cannot decode videos on this machine, or None when it can."""
+    try:
+        import torchcodec
+    except Exception as exc:  # not installed, or built for another torch
+        return f"torchcodec does not import ({decoder_error(exc)})"
+    if torchcodec.ffmpeg_major_version is None:
+        return (
+            f"torchcodec {torchcodec.__version__} finds no FFmpeg shared libraries it supports "
+            "(install them: Debian's and Ubuntu's ffmpeg package)"
+        )
+    return None
+
+
+def torchcodec_cuda_build() -> bool:
+    """Whether the installed torchcodec was built with CUDA (its wheel's local version says so: 0.17.0+cu130)."""
+    import torchcodec
+
+    return "+cu" in torchcodec.__version__
+
+
+@functools.cache
+def decode_device(requested: str, gpu: int = 0) -> str:
+    """Where torchcodec decodes: 'cuda:<gpu>' when a GPU and a CUDA-enabled torchcodec exist, else 'cpu' and a
+    warning saying why (once per process)."""
+    if requested == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        problem = "no GPU is visible"
+    elif not torchcodec_cuda_build():
+        import torchcodec
+
+        problem = f"torchcodec {torchcodec.__version__} is a CPU-only build"
+    else:
+        return f"cuda:{gpu}"
+    log.warning("CONFIG.DATA.DECODER_DEVICE is cuda but %s: torchcodec decodes on the CPU", problem)
+    return "cpu"
+
+
+def check_file(path: str) -> None:
+    """BadVideo for what no decoder can read: a missing or empty file."""
+    file = Path(path)
+    if not file.is_file():
+        raise BadVideo("missing file")
+    if file.stat().st_size == 0:
+        raise BadVideo("empty file (0 bytes)")
+
+
+def open_reader(backend: Backend, path: str, size: tuple[int, int] = NATIVE, device: str = "cpu") -> VideoReader:
+    """Open a video with one backend; BadVideo says why not."""
+    check_file(path)
+    try:
+        reader = READERS[backend](path, size, device)
+    except Exception as exc:  # decord raises RuntimeError or DECORDError (not a RuntimeError), torchcodec ValueError
+        raise BadVideo(f"cannot open: {decoder_error(exc)}") from exc
+    if len(reader) == 0:
+        raise BadVideo("no video frames")
+    return reader
+
+
+def read_frames(reader: VideoReader, indices: np.ndarray) -> torch.Tensor:
+    """Frames uint8 [len(indices), H, W, 3] in the order of `indices` (repeats allowed), from one batched read."""
+    unique, inverse = np.unique(indices, return_inverse=True)
+    try:
+        frames = reader.get_frames(unique.tolist())
+    except Exception as exc:  # a truncated file can open and then fail on the missing frames
+        raise BadVideo(f"cannot decode frames: {decoder_error(exc)}") from exc
+    return frames[torch.from_numpy(inverse.reshape(-1)).to(frames.device)]
+
+
+class Clip(NamedTuple):
+    frames: torch.Tensor  # uint8 [T, H, W, 3]
+    fallback: str | None  # auto only: why decord could not open the video that torchcodec decoded
+
+
+class ClipDecoder:
+    """Decodes clips with CONFIG.DATA.DECODER at a decode size; cheap to pickle into DataLoader workers.
+
+    `device` is CONFIG.DATA.DECODER_DEVICE ('cpu' or 'cuda', torchcodec only) and `gpu` the process's GPU index.
+    """
+
+    def __init__(
+        self, choice: DecoderChoice = "decord", size: tuple[int, int] = NATIVE, device: str = "cpu", gpu: int = 0
+    ) -> None:
+        if choice != "decord":
+            problem = torchcodec_problem()
+            if problem is not None:
+                raise DecoderUnavailable(f"decoder {choice} needs torchcodec: {problem}")
+        self.choice = choice
+        self.size = size
+        self.device = decode_device(device, gpu) if choice == "torchcodec" else "cpu"
+        # auto: videos decord could not open in this process, and why; they go straight to torchcodec next time.
+        self._decord_cannot_open: dict[str, str] = {}
+
+    def open(self, path: str, size: tuple[int, int] | None = None) -> tuple[VideoReader, str | None]:
+        """The reader of a video, and (auto only) why decord could not open it when torchcodec did."""
+        size = self.size if size is None else size
+        if self.choice != "auto":
+            return open_reader(self.choice, path, size, self.device), None
+        check_file(path)
+        reason = self._decord_cannot_open.get(path)
+        if reason is None:
+            try:
+                return open_reader("decord", path, size), None
+            except BadVideo as exc:
+                reason = self._decord_cannot_open[path] = str(exc)
+        try:
+            return open_reader("torchcodec", path, size), reason
+        except BadVideo as exc:
+            raise BadVideo(f"decord: {reason}; torchcodec: {exc}") from exc
+
+    def clip(self, path: str, sample: Callable[[int], np.ndarray]) -> Clip:
+        """Frames at the indices `sample(num_frames)` picks, at the decode size."""
+        reader, fallback = self.open(path)
+        indices = sample(len(reader))
+        try:
+            return Clip(read_frames(reader, indices), fallback)
+        except BadVideo:
+            if reader.backend != "decord" or self.size == NATIVE:
+                raise
+        # decord mis-sizes some resized outputs (dmlc/decord#336, e.g. width 48); the native size always works
+        # and the transforms resize anyway, so retry before calling the video bad.
+        return Clip(read_frames(open_reader("decord", path), indices), fallback)
