@@ -135,6 +135,7 @@ def test_nvidia_driver_role_passes_check_mode_on_this_debian_host(tmp_path: Path
     inventory = tmp_path / "controller.yml"
     inventory.write_text(
         "trainers:\n  hosts:\n    controller:\n      ansible_connection: local\n"
+        "      ansible_host: 127.0.0.1\n      ansible_user: vctrain\n"  # the inventory contract's needs; unused locally
         "      ansible_python_interpreter: /usr/bin/python3\n"
     )
     proc = run_playbook(
