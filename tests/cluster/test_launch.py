@@ -9,8 +9,9 @@ a controller; the controller only follows rank 0, and not hearing from it is not
   - a frozen trainer (SIGSTOP) while the launch follows: the play fails naming it with its log; a relaunch resumes;
   - a killed trainer with no controller watching (-e wait=false): every process ends within 2 minutes and
     training-status.yml names the node that failed first; stop-training.yml on a running job;
-  - the controller cut off from the rank-0 node (its SSH fails) for longer than the grace period: following gives up
-    without stopping anything; a later launch attaches, follows to the end and collects the results.
+  - the controller cut off from the rank-0 node (its SSH fails or stalls) for longer than the grace period: following
+    gives up without stopping anything, the job trains to the end, and a later launch reports it finished;
+  - launching a running job again attaches to it and follows it to the end.
 The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml unpacks once, every
 node keeps its own files in its own folder of the job.
 Run: .venv/bin/python -m pytest tests/cluster/test_launch.py  (root; a few minutes on 2 cores).
@@ -303,16 +304,17 @@ def test_killed_trainer_ends_the_job_without_a_controller(cluster: LocalCluster)
     assert flat(cluster.playbook("stop-training.yml", "-e", f"job_id={job}").stdout).count("nothing to stop") == 3
 
 
-def test_controller_losing_rank0_stops_nothing_and_a_later_launch_attaches(cluster: LocalCluster) -> None:
+def test_controller_losing_rank0_stops_nothing_and_a_later_launch_reports_it(cluster: LocalCluster) -> None:
     node0 = cluster.nodes[0]
     job = f"{cluster.name}-blink"
-    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *epochs(150))
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *epochs(60))
     play = launch_in_background(cluster, *args, "-e", "ddp_launch_follow_grace=8", "-e", "ddp_launch_ssh_retries=1",
                                 "-e", "ddp_launch_poll_timeout=6")
     try:
         wait_for_epoch(cluster, job, 2, play)
-        with controller_cut_off_from(node0):  # for longer than the grace period, many polls
+        with controller_cut_off_from(node0):  # until following gave up and the job has trained to the end
             out, _ = play.communicate(timeout=180)
+            wait_until_gone(job, 300)
     finally:
         if play.poll() is None:
             play.kill()
@@ -320,14 +322,29 @@ def test_controller_losing_rank0_stops_nothing_and_a_later_launch_attaches(clust
     assert "no answer from node0 (rank 0) for" in flat(out) and "the job is not affected" in flat(out)
     assert "Lost contact with node0 (rank 0) for more than 8 s" in flat(out) and "nothing was stopped" in flat(out)
     assert "training-status.yml -e job_id=" in flat(out) and "-e follow=true" in flat(out)
-    assert len(job_processes(job)) > 0, "the job must still be running"
+    for node in cluster.nodes:  # it trained to the end; nothing was ever stopped
+        assert not (node_job_dir(node, job) / "train.stopped").exists()
+        assert json.loads((node_job_dir(node, job) / "train.exit").read_text())["rc"] == 0
 
-    # A later launch of the same job attaches to it, follows it to the end and collects its results.
+    # A later launch of the same job reports it finished and collects its results; nothing runs again.
+    again = launch(cluster, *args)
+    assert f"Job {job} already finished with this config on every node: nothing to run" in flat(again.stdout)
+    assert f"Job {job} finished; last epoch:" in flat(again.stdout)
+    assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
+    assert [json.loads(line)["epoch"] for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()
+            ][-1] == 60
+
+
+def test_launching_a_running_job_again_attaches_to_it(cluster: LocalCluster) -> None:
+    job = f"{cluster.name}-attach"
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *epochs(30))
+    launch(cluster, *args, "-e", "wait=false")
+    wait_for_epoch(cluster, job, 1)
     again = launch(cluster, *args)
     assert f"Job {job} is running (rank 0 on node0): following it instead of starting it again" in flat(again.stdout)
     assert "Start the training process on the rank-0 node" not in again.stdout
     assert f"Job {job} finished; last epoch:" in flat(again.stdout)
     assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
-    for node in cluster.nodes:  # nothing was ever stopped
+    for node in cluster.nodes:  # one run, started once, never stopped
         assert not (node_job_dir(node, job) / "train.stopped").exists()
-        assert json.loads((node_job_dir(node, job) / "train.exit").read_text())["rc"] == 0
+        assert (node_job_dir(node, job) / "train.log").read_text().count("jobctl: starting ") == 1

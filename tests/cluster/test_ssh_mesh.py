@@ -90,7 +90,7 @@ def test_environment_step_verifies_the_preinstalled_environment(mesh: tuple[Loca
     # Every node reports the same versions, from the shared path, and the comparison passes.
     for node in cluster.nodes:
         assert re.search(rf"^\s*- {node.name}\s+3\.11\.\d+\s+2\.14\.1\+cu130\s+13\.0\s+\d+\s+[\d.]+\s+0\.29\.1\S*"
-                         r"\s+0\.6\.0\s+4\.0\.0\s", first_run, re.M), first_run[-4000:]
+                         r"\s+0\.6\.0\s+0\.17\.0\S*\s+5\.1\.\S+\s+4\.0\.0\s", first_run, re.M), first_run[-4000:]
     assert "Environments differ" not in first_run
     probe = "/opt/vidcluster/venv/bin/python -c 'import torch, paramiko; print(torch.__version__)'"
     assert cluster.ssh(cluster.nodes[2], probe).stdout.strip() == "2.14.1+cu130"

@@ -166,7 +166,10 @@ def probe_once(target: dict[str, Any], user: str, pkey: paramiko.PKey, known_hos
         if status != 0:
             result.update(reason="error", detail=f"'true' exited {status}")
     except Exception as exc:  # every failure becomes a classified result, never a module crash
-        result.update(reason=classify(exc), detail=f"{type(exc).__name__}: {exc}")
+        reason = classify(exc)
+        if reason == "error" and time.monotonic() - start >= timeout * 0.9:
+            reason = "timeout"  # the session died while we waited (e.g. "No existing session" after a silent server)
+        result.update(reason=reason, detail=f"{type(exc).__name__}: {exc}")
     finally:
         client.close()
     result["seconds"] = round(time.monotonic() - start, 3)
