@@ -5,17 +5,32 @@ FFmpeg torchcodec loaded: its version, "not found" when torchcodec finds no FFmp
 without torchcodec), torch_gpus (device names torch sees). A package that is not installed reports "missing"; one
 that is installed but fails to import reports "broken: <error>", so a half-installed node shows up in the cross-node
 table instead of crashing the report.
+
+    python env_report.py [--cache DIR]
+
+With --cache, a report is kept in DIR under a fingerprint of everything it depends on (the interpreter, every
+installed distribution's metadata and its modification time, the NVIDIA driver and devices, the FFmpeg libraries), so
+a rerun on an unchanged node prints the kept report without importing torch again; any install or driver change makes
+a new fingerprint.
 """
 
 from __future__ import annotations
 
+import argparse
+import glob
+import hashlib
 import importlib
 import json
+import os
 import platform
+import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 NOT_AVAILABLE = "n/a"
+# Where the system's FFmpeg libraries live (torchcodec loads them); a change there changes the fingerprint.
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
 
 def _module_version(module: str) -> tuple[Any, str]:
@@ -60,7 +75,23 @@ def _ffmpeg_version(torchcodec: Any) -> str:
         return f"broken: {type(exc).__name__}: {exc}"
 
 
-def main() -> None:
+def fingerprint() -> str:
+    """A digest of what the report depends on, computed without importing any of the reported packages."""
+    digest = hashlib.sha256(f"{sys.version}|{os.path.realpath(sys.prefix)}|".encode())
+    for folder in sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}):
+        for entry in sorted(os.listdir(folder)):
+            if entry.endswith((".dist-info", ".egg-info", ".pth", ".egg-link")):
+                digest.update(f"{folder}/{entry}:{os.stat(os.path.join(folder, entry)).st_mtime_ns}|".encode())
+    digest.update(os.environ.get("CUDA_VISIBLE_DEVICES", "-").encode())
+    driver = Path("/proc/driver/nvidia/version")
+    digest.update(driver.read_bytes() if driver.exists() else b"no-driver")
+    libraries = [path for folder in LIBRARY_DIRS for path in glob.glob(f"{folder}/libav*.so.*")]
+    for path in sorted(glob.glob("/dev/nvidia*") + libraries):
+        digest.update(f"{path}:{os.stat(path).st_mtime_ns}|".encode())
+    return digest.hexdigest()[:32]
+
+
+def report() -> dict[str, Any]:
     report: dict[str, Any] = {"python": platform.python_version()}
     torch, report["torch"] = _module_version("torch")
     if torch is None:
@@ -71,7 +102,27 @@ def main() -> None:
         report[module] = _module_version(module)[1]
     torchcodec, report["torchcodec"] = _module_version("torchcodec")
     report["ffmpeg"] = _ffmpeg_version(torchcodec)
-    print(json.dumps(report))
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="this environment's training stack as JSON")
+    parser.add_argument("--cache", help="folder of kept reports, by fingerprint")
+    args = parser.parse_args()
+    kept = Path(os.path.expanduser(args.cache)) / f"{fingerprint()}.json" if args.cache else None
+    if kept is not None and kept.is_file():
+        print(kept.read_text().strip())
+        return
+    text = json.dumps(report())
+    if kept is not None and "broken" not in text:  # a broken import is worth looking at again next time
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_name(f".{kept.name}.{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, kept)
+        except OSError:
+            pass  # no room to keep it: the report stands, the next run recomputes it
+    print(text)
 
 
 if __name__ == "__main__":
