@@ -277,7 +277,9 @@ class TrainConfig(_Section):
     KEEP_LAST: int = Field(3, ge=1, description="Epoch checkpoints kept besides best.pth.")
     SCALE_LR: bool = Field(False, description="Scale LR by global batch / BASE_BATCH_SIZE (linear scaling rule).")
     BASE_BATCH_SIZE: int = Field(64, ge=1, description="Global batch at which LR applies unscaled when SCALE_LR is on.")
-    SYNC_BN: bool = Field(False, description="Convert BatchNorm to SyncBatchNorm across processes.")
+    SYNC_BN: bool = Field(
+        False, description="Convert BatchNorm to SyncBatchNorm across processes (GPUs only: refused on a CPU node)."
+    )
     FIND_UNUSED_PARAMETERS: bool = Field(
         False, description="DDP find_unused_parameters (only for models that need it)."
     )
@@ -747,8 +749,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
 
 
 def check_runtime(cfg: Config) -> None:
-    """Checks that need this machine, not only the file: a distributed nccl run needs a visible GPU, and DECODER
-    torchcodec or auto needs a torchcodec that loads FFmpeg's libraries."""
+    """Checks that need this machine, not only the file: a distributed nccl run needs a visible GPU, so does a
+    distributed SYNC_BN (SyncBatchNorm works on GPU modules only), and DECODER torchcodec or auto needs a torchcodec
+    that loads FFmpeg's libraries."""
     decoder = cfg.CONFIG.DATA.DECODER
     if decoder != "decord":
         from trainer.data.decoders import torchcodec_problem  # imports torch and decord: only on a node
@@ -757,15 +760,21 @@ def check_runtime(cfg: Config) -> None:
         if problem is not None:
             raise ConfigError(f"CONFIG.DATA.DECODER: {decoder} needs torchcodec, which cannot run here: {problem}")
     ddp = cfg.DDP_CONFIG
-    if not (ddp.DISTRIBUTED and ddp.DIST_BACKEND == "nccl"):
+    if not (ddp.DISTRIBUTED and (ddp.DIST_BACKEND == "nccl" or cfg.CONFIG.TRAIN.SYNC_BN)):
         return
     import torch  # here, not at the top: the controller validates files without torch installed
 
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        return
+    if ddp.DIST_BACKEND == "nccl":
         raise ConfigError(
             "DDP_CONFIG.DIST_BACKEND: nccl needs a GPU but none is visible on this machine; "
             "set DIST_BACKEND: 'gloo' to train on CPUs (or check the driver and CUDA_VISIBLE_DEVICES)"
         )
+    raise ConfigError(
+        "CONFIG.TRAIN.SYNC_BN: SyncBatchNorm synchronises statistics between GPU processes only, and no GPU is "
+        "visible on this machine; turn SYNC_BN off to train on CPUs (or check the driver and CUDA_VISIBLE_DEVICES)"
+    )
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

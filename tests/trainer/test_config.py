@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,15 @@ def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def typed(value: Any) -> Any:
+    """``value`` with the type of every element spelled out: 1, 1.0 and True compare equal, these do not."""
+    if isinstance(value, list | tuple):
+        return type(value).__name__, [typed(item) for item in value]
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items()}
+    return type(value).__name__, value
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "cfg.yaml"
     path.write_text(text)
@@ -160,7 +170,7 @@ def test_gluoncv_config_loads_unchanged(path: Path) -> None:
     loaded = config_to_dict(cfg)
     written = leaves(parse_yaml(path.read_text()))
     for key, value in written.items():
-        assert get(loaded, key) == value and type(get(loaded, key)) is type(value), key  # value and type kept
+        assert typed(get(loaded, key)) == typed(value), key  # value and type kept, in lists too
     assert path.stem == cfg.CONFIG.MODEL.NAME
     assert isinstance(cfg.CONFIG.TRAIN.W_DECAY, float) and cfg.CONFIG.TRAIN.W_DECAY in (1e-4, 1e-5)
 
@@ -168,14 +178,14 @@ def test_gluoncv_config_loads_unchanged(path: Path) -> None:
 def test_defaults_are_gluoncvs() -> None:
     defaults = config_to_dict(Config())
     for key, value in GLUONCV_DEFAULTS.items():
-        assert get(defaults, key) == value, key
+        assert typed(get(defaults, key)) == typed(value), key
 
 
 def test_tutorial_block_loads_as_written(tmp_path: Path) -> None:
     ddp = load_config(write(tmp_path, TUTORIAL)).DDP_CONFIG
-    assert ddp.AUTO_RANK_MATCH is True and ddp.DISTRIBUTED is True
-    assert (ddp.WORLD_SIZE, ddp.WORLD_RANK, ddp.DIST_BACKEND) == (2, 0, "nccl")
-    assert ddp.WOLRD_URLS == ["172.31.72.195", "172.31.72.196"]
+    assert typed([ddp.AUTO_RANK_MATCH, ddp.DISTRIBUTED, ddp.WORLD_SIZE, ddp.WORLD_RANK, ddp.DIST_BACKEND]) == typed(
+        [True, True, 2, 0, "nccl"])
+    assert typed(ddp.WOLRD_URLS) == typed(["172.31.72.195", "172.31.72.196"])
     assert ddp.DIST_URL == "tcp://172.31.72.195:23456"
 
 
@@ -205,7 +215,7 @@ def test_dump_then_load_gives_the_same_config(tmp_path: Path) -> None:
     out = tmp_path / "resolved.yaml"
     dump_config(cfg, out)
     again = load_config(out)
-    assert again == cfg and config_to_dict(again) == config_to_dict(cfg)
+    assert again == cfg and typed(config_to_dict(again)) == typed(config_to_dict(cfg))
 
 
 def test_every_key_has_a_description() -> None:
@@ -313,7 +323,7 @@ def test_overrides_set_dotted_keys_with_yaml_values(tmp_path: Path) -> None:
     ]  # fmt: skip
     cfg = load_config(write(tmp_path, TUTORIAL), overrides)
     train = cfg.CONFIG.TRAIN
-    assert (train.BATCH_SIZE, train.LR_MILESTONE, train.SYNC_BN, train.RESUME) == (16, [5, 9], True, "")
+    assert typed([train.BATCH_SIZE, train.LR_MILESTONE, train.SYNC_BN, train.RESUME]) == typed([16, [5, 9], True, ""])
     assert cfg.CONFIG.MODEL.NAME == "i3d_tiny"
     assert cfg.DDP_CONFIG.WOLRD_URLS == ["10.0.0.1", "10.0.0.2"]  # the alias replaced the file's list
 
@@ -494,11 +504,21 @@ def test_cli_prints_the_resolved_yaml_and_reports_errors(tmp_path: Path) -> None
     assert done.returncode == 2 and "did you mean CONFIG.TRAIN.BATCH_SIZE?" in done.stderr and done.stdout == ""
 
 
-def test_run_dir_follows_base_path_and_exp_name(tmp_path: Path) -> None:
+@pytest.fixture
+def india_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Local time is UTC+05:30 (a POSIX TZ rule: no time-zone database needed) while the test runs."""
+    monkeypatch.setenv("TZ", "IST-5:30")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_run_dir_follows_base_path_and_exp_name(tmp_path: Path, india_time: None) -> None:
     def with_log(**log: str) -> Config:
         return validate_config({"CONFIG": {"LOG": {"BASE_PATH": str(tmp_path), **log}}})
 
     assert run_dir(with_log(EXP_NAME="")) == tmp_path
     assert run_dir(with_log(EXP_NAME="exp1")) == tmp_path / "exp1"
-    stamp = run_dir(with_log(), now=0.0).name  # EXP_NAME defaults to 'use_time'
-    assert stamp == time.strftime("%Y-%m-%d-%H-%M-%S", time.localtime(0.0))
+    # EXP_NAME defaults to 'use_time': GluonCV's local-time name; 1_700_000_000 is 2023-11-14 22:13:20 UTC
+    assert run_dir(with_log(), now=1_700_000_000.0) == tmp_path / "2023-11-15-03-43-20"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.__main__ import main as trainer_cli
 from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
@@ -151,26 +152,34 @@ def test_class_index_plain_and_ucf101_forms(tmp_path: Path) -> None:
     assert read_class_index(ucf) == ["ApplyEyeMakeup", "Archery"]
 
 
-def test_lists_from_class_folder_tree(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
-    # Class folders with spaces, as Kinetics has ("air drumming"): the lists name them verbatim and load back.
+def test_make_annotations_lists_a_class_folder_tree(
+    synthetic_dataset: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m trainer make-annotations`` (its main): class folders and videos with spaces in their names, as
+    Kinetics has ("air drumming"), are named verbatim and load back; a non-video is ignored, an unreadable video
+    named."""
     source = Path(synthetic_dataset["TRAIN_DATA_PATH"]) / "train"
-    root = tmp_path / "tree"
+    root, out = tmp_path / "tree", tmp_path / "lists"
     classes = ["moving left", "moving right"]
     for name in ("right", "left"):
         shutil.copytree(source / name, root / f"moving {name}")
+    shutil.copy(source / "left" / "left_000.mp4", root / "moving left" / "first take.mp4")
     (root / "moving left" / "notes.txt").write_text("not a video")
     (root / "moving right" / "broken.mp4").write_bytes(b"\x00" * 100)
-    result = write_annotations_from_tree(root, tmp_path / "lists", val_fraction=0.25, seed=1)
-    assert result.classes == classes and read_class_index(result.class_index) == classes
-    assert [path for path, _ in result.skipped] == [str(root / "moving right" / "broken.mp4")]
-    assert "moving left/" in result.train.read_text()
-    train, val = read_annotations(result.train, root, 2), read_annotations(result.val, root, 2)
-    assert sorted(r.label for r in val) == [0, 0, 0, 1, 1, 1]
-    assert len(train) == 18 and {r.num_frames for r in train + val} == {FRAMES}
+    assert trainer_cli(["make-annotations", str(root), "--out", str(out), "--val-fraction", "0.25", "--seed", "1"]) == 0
+    skipped, summary = capsys.readouterr().out.splitlines()
+    assert skipped.startswith(f"skipped {root / 'moving right' / 'broken.mp4'}: ")
+    assert summary == f"2 classes -> {out / 'train.txt'}, {out / 'val.txt'}, {out / 'classInd.txt'}"
+    assert (out / "classInd.txt").read_text() == "moving left\nmoving right\n"
+    listed = (out / "train.txt").read_text() + (out / "val.txt").read_text()
+    assert f"moving left/first take.mp4 {FRAMES} 0\n" in listed and f"moving right/right_011.mp4 {FRAMES} 1\n" in listed
+    train, val = read_annotations(out / "train.txt", root, 2), read_annotations(out / "val.txt", root, 2)
+    assert sorted(r.label for r in val) == [0, 0, 0, 1, 1, 1]  # a quarter of each class: round(13 / 4) videos
+    assert len(train) == 19 and {r.num_frames for r in train + val} == {FRAMES}
     assert all(Path(r.path).parent.name == classes[r.label] and Path(r.path).is_file() for r in train + val)
     assert not {r.path for r in train} & {r.path for r in val}
     again = write_annotations_from_tree(root, tmp_path / "again", val_fraction=0.25, seed=1)
-    assert again.val.read_text() == result.val.read_text()
+    assert again.val.read_text() == (out / "val.txt").read_text()
 
 
 # ----------------------------------------------------------------------------------------------------

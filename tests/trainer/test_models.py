@@ -1,4 +1,5 @@
-"""Model registry, architectures (parameter counts against published figures), forward shapes, fine-tuning."""
+"""Model registry, architectures (parameter counts against published figures, outputs against torchvision), forward
+shapes, fine-tuning."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 from torchvision.models import video
 
+from tests.trainer.reference_models import randomise_bn_and_head
 from trainer.models import build_model, list_models, registry
 from trainer.models.blocks import Bottleneck
 
@@ -43,11 +45,18 @@ def test_slowfast_8x8_is_the_published_34_57m() -> None:
     assert abs(num_params(build_model("slowfast_8x8_resnet50", 400)) / 1e6 - 34.57) < 0.01
 
 
-def test_r2plus1d_18_matches_torchvision_reference() -> None:
-    # GluonCV's r2plus1d_v1 is torchvision's layout; the two must agree parameter for parameter.
+def test_r2plus1d_v1_resnet18_is_torchvisions_r2plus1d_18() -> None:
+    """GluonCV's r2plus1d_v1 is torchvision's layout: tensor for tensor (same shapes in the same order), the same
+    logits from the same weights."""
     ours = build_model("r2plus1d_v1_resnet18_kinetics400", 400)
-    reference = video.r2plus1d_18(weights=None, num_classes=400)
-    assert num_params(ours) == num_params(reference) == 31_505_325
+    reference = randomise_bn_and_head(video.r2plus1d_18(weights=None, num_classes=400))
+    mine, theirs = ours.state_dict(), reference.state_dict()
+    assert [tensor.shape for tensor in mine.values()] == [tensor.shape for tensor in theirs.values()]
+    ours.load_state_dict(dict(zip(mine, theirs.values(), strict=True)))
+    clip = torch.randn(1, 3, 8, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(clip), reference(clip))
+    assert num_params(ours) == 31_505_325
 
 
 def test_slowfast_4x16_full_model_forward_at_tiny_resolution() -> None:
@@ -92,11 +101,13 @@ def test_init_zeroes_final_bn_and_uses_small_head() -> None:
 
 
 @pytest.mark.parametrize("name", ["r3d_18", "mc3_18", "r2plus1d_18"])
-def test_torchvision_resnets_forward(name: str) -> None:
-    model = build_model(name, 6).eval()
+def test_torchvision_resnets_compute_what_torchvision_does(name: str) -> None:
+    reference = randomise_bn_and_head(getattr(video, name)(weights=None, num_classes=6))
+    model = build_model(name, 6)
+    model.load_state_dict(reference.state_dict())  # strict: the same names and shapes
+    clip = torch.randn(1, 3, 8, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        out = model(torch.randn(1, 3, 8, 32, 32))
-    assert out.shape == (1, 6)
+        torch.testing.assert_close(model.eval()(clip), reference(clip))
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from tests.trainer.test_config import leaves
+from tests.trainer.test_config import leaves, typed
 from tests.trainer.test_train import free_port
 from trainer.config import Config, ConfigError, _schema_keys, _Section, config_to_dict, load_config, parse_yaml
 from trainer.distributed import launch, single_process_context
@@ -147,7 +147,7 @@ def test_every_key_of_gluoncvs_configs_is_used_or_refused(
     loaded = leaves(config_to_dict(cfg))
     for key, value in written.items():
         if key not in small:
-            assert loaded[key] == value and type(loaded[key]) is type(value), key  # value and type as written
+            assert typed(loaded[key]) == typed(value), key  # value and type as written
 
     with recorded_reads(monkeypatch) as seen:
         launch(train_worker, cfg)
@@ -165,7 +165,8 @@ def test_every_key_of_gluoncvs_configs_is_used_or_refused(
     log_text = (tmp_path / "run" / "log.txt").read_text()
     assert "precise BatchNorm statistics from 2 batches over 1 rank(s)" in log_text
     assert log_text.count(" iteration ") == 4 // cfg.CONFIG.LOG.DISPLAY_FREQ  # 2 epochs x 2 steps, GluonCV's display
-    assert (tmp_path / "eval" / "test_results.json").is_file()
+    tested = json.loads((tmp_path / "eval" / "test_results.json").read_text())  # LOG.EVAL_DIR, not the run dir
+    assert tested["videos"] == 12 and not (tmp_path / "run" / "test_results.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -294,7 +295,7 @@ def test_slowfast_yaml_is_pyslowfasts_slowfast_8x8_r50() -> None:
     cfg = load_config(REPO / "configs" / "slowfast.yaml", ["CONFIG.MODEL.NAME", TINY_MODEL])
     resolved = leaves(config_to_dict(cfg))
     for key, value in PYSLOWFAST_SLOWFAST_8X8_R50.items():
-        assert resolved[key] == value and type(resolved[key]) is type(value), key
+        assert typed(resolved[key]) == typed(value), key
     assert cfg.CONFIG.RECIPE == "pyslowfast" and cfg.CONFIG.DATA.SHORT_SIDE_SIZE * 1.25 == 320  # jitter 256-320
     assert 8 * cfg.CONFIG.TRAIN.BATCH_SIZE == 64  # PySlowFast's TRAIN.BATCH_SIZE over 8 GPUs
     model = build_model_from_config(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -53,20 +54,49 @@ def test_adamw_and_linear_lr_scaling() -> None:
     assert isinstance(build_optimizer(cfg, nn.Linear(2, 2), 0.002), torch.optim.AdamW)
 
 
-def test_restored_scheduler_continues_the_same_schedule() -> None:
-    cfg = make_config(LR=0.1, LR_POLICY="Cosine", EPOCH_NUM=3, USE_WARMUP=True, WARMUP_EPOCHS=1)
-    full = lrs(cfg, 30)
-    model = nn.Linear(2, 2)
-    optimizer = build_optimizer(cfg, model, 0.1)
-    scheduler = build_scheduler(cfg, optimizer, 10)
-    for _ in range(13):
-        optimizer.step()
-        scheduler.step()
-    state = scheduler.state_dict()
-    optimizer2 = build_optimizer(cfg, model, 0.1)
-    scheduler2 = build_scheduler(cfg, optimizer2, 10)
-    scheduler2.load_state_dict(state)
-    assert scheduler2.get_last_lr()[0] == pytest.approx(full[13])
+def group_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [group["lr"] for group in optimizer.param_groups]
+
+
+@pytest.mark.parametrize("recipe", ["gluoncv", "pyslowfast"])
+def test_restored_scheduler_continues_the_same_schedule(recipe: str) -> None:
+    """Interrupted mid-epoch, in the warmup, and restored as train_worker does from the checkpoint's state dicts
+    (through a file): every later step trains each parameter group at the uninterrupted run's learning rate."""
+    cfg = validate_config({"CONFIG": {"RECIPE": recipe, "DATA": {"NUM_CLASSES": 3}, "TRAIN": {
+        "LR": 0.1, "LR_POLICY": "Cosine", "EPOCH_NUM": 6, "USE_WARMUP": True, "WARMUP_EPOCHS": 2,
+        "HEAD_LR_MULT": 10.0}}})  # fmt: skip
+    steps_per_epoch, stop, total = 4, 6, 24
+
+    def fresh() -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))  # decay, no-decay and head groups
+        optimizer = build_optimizer(cfg, model, 0.1)
+        return optimizer, build_scheduler(cfg, optimizer, steps_per_epoch)
+
+    def train(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+              steps: int) -> list[list[float]]:
+        used = []
+        for _ in range(steps):
+            used.append(group_lrs(optimizer))  # what the step below trains with
+            optimizer.step()
+            scheduler.step()
+        return used
+
+    uninterrupted = train(*fresh(), total)
+    optimizer, scheduler = fresh()
+    assert train(optimizer, scheduler, stop) == uninterrupted[:stop]
+    buffer = io.BytesIO()
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    optimizer, scheduler = fresh()
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    resumed = train(optimizer, scheduler, total - stop)
+    assert len({tuple(lrs) for lrs in uninterrupted[stop:]}) >= 3  # the rest of the schedule changes the LR
+    assert {round(lr / resumed[0][0], 9) for lr in resumed[0]} == {1.0, 10.0}  # the head's group too
+    for step, (got, expected) in enumerate(zip(resumed, uninterrupted[stop:], strict=True), start=stop):
+        assert got == pytest.approx(expected, rel=1e-12), step
 
 
 def test_checkpoints_keep_last_k_plus_best(tmp_path: Path) -> None:

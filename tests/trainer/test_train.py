@@ -6,6 +6,7 @@ The runs are small (a tiny I3D on 32 px, 8-frame clips) but go through exactly t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,6 +21,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from torch import nn
+
+from tests.trainer._train_probe import observing, probed_train_worker
+from trainer.__main__ import main as trainer_cli
+from trainer.config import load_config
+from trainer.distributed import launch, single_process_context
+from trainer.model_setup import build_model_from_config
+from trainer.train import build_train_model, train_worker
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 6
@@ -32,7 +41,8 @@ def free_port() -> int:
 
 
 def write_config(path: Path, data: dict[str, Any], run_dir: Path, workers: int = 1, **sections: Any) -> Path:
-    """A small CPU experiment on the synthetic dataset; ``sections`` maps e.g. TRAIN={...} onto CONFIG."""
+    """A small CPU experiment on the synthetic dataset; ``sections`` maps e.g. TRAIN={...} onto CONFIG's sections
+    and RECIPE=... onto CONFIG.RECIPE."""
     distributed = workers > 1
     cfg: dict[str, Any] = {
         "DDP_CONFIG": {
@@ -52,15 +62,19 @@ def write_config(path: Path, data: dict[str, Any], run_dir: Path, workers: int =
         },
     }
     for section, values in sections.items():
-        cfg["CONFIG"][section].update(values)
+        if isinstance(values, dict):
+            cfg["CONFIG"][section].update(values)
+        else:
+            cfg["CONFIG"][section] = values
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
-def run_trainer(*args: str | Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def run_trainer(
+    *args: str | Path, check: bool = True, timeout: float = 300, cwd: Path = REPO, **env: str
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                          capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -140,17 +154,36 @@ def _odd_val_list(data: dict[str, Any], tmp: Path) -> dict[str, Any]:
     return {**data, "VAL_ANNO_PATH": str(tmp / "val_odd.txt")}
 
 
-@pytest.mark.parametrize("views", [(1, 1), (2, 3)])
+TUTORIAL_SCRIPTS = REPO / "scripts" / "action-recognition"
+
+
+def multiview_test_command(workers: int, tutorial: bool) -> list[str]:
+    """``python -m trainer.test``, or GluonCV's tutorial command run from its folder: ``python test_ddp_pytorch.py``
+    for one process, under ``torch.distributed.launch`` for two."""
+    if not tutorial:
+        return ["-m", "trainer.test"]
+    if workers == 1:
+        return ["test_ddp_pytorch.py"]
+    return ["-m", "torch.distributed.launch", "--nproc_per_node=2", "--master_port", str(free_port()),
+            "test_ddp_pytorch.py"]
+
+
+@pytest.mark.parametrize(("views", "tutorial_workers"), [((1, 1), 1), ((2, 3), 2)],
+                         ids=["1x1-views-tutorial-1-process", "2x3-views-tutorial-2-processes"])
 def test_distributed_test_is_exact_and_merges_views(
-    synthetic_dataset: dict[str, Any], two_process_run: Path, tmp_path: Path, views: tuple[int, int]
+    synthetic_dataset: dict[str, Any], two_process_run: Path, tmp_path: Path, views: tuple[int, int],
+    tutorial_workers: int,
 ) -> None:
+    """One and two test processes score the same; one of the two runs is GluonCV's test_ddp_pytorch.py command."""
     data = {**_odd_val_list(synthetic_dataset, tmp_path), "TEST_NUM_SEGMENT": views[0], "TEST_NUM_CROP": views[1]}
     ckpt = two_process_run / "checkpoints" / "best.pth"
     results = []
     for workers in (1, 2):
         run_dir = tmp_path / f"test{workers}"
         cfg = write_config(tmp_path / f"cfg{workers}.yaml", data, run_dir, workers=workers)
-        run_trainer("-m", "trainer.test", "--config-file", cfg, "--checkpoint", ckpt)
+        tutorial = workers == tutorial_workers
+        run_trainer(*multiview_test_command(workers, tutorial), "--config-file", cfg, "--checkpoint", ckpt,
+                    cwd=TUTORIAL_SCRIPTS if tutorial else REPO)
         results.append(json.loads((run_dir / "test_results.json").read_text()))
     one, two = results
     assert one["videos"] == two["videos"] == 11
@@ -185,12 +218,20 @@ def test_bad_videos_are_skipped_counted_and_named(synthetic_dataset: dict[str, A
     assert check.returncode == 1 and f"{len(bad)} bad video(s)" in check.stdout, out.stdout
 
 
-def test_predict_prints_top_classes(synthetic_dataset: dict[str, Any], two_process_run: Path) -> None:
-    video = next(Path(synthetic_dataset["VAL_DATA_PATH"]).glob("val/right/*.mp4"))
-    out = run_trainer("-m", "trainer", "predict", video, "--config-file", two_process_run / "config.yaml",
-                      "--checkpoint", two_process_run / "checkpoints" / "best.pth", "--topk", "2")
-    ranked = [line.split()[1] for line in out.stdout.splitlines() if line[:1].isdigit()]
-    assert sorted(ranked) == ["left", "right"]
+def test_predict_ranks_the_true_class_first_and_its_percentages_sum_to_100(
+    synthetic_dataset: dict[str, Any], two_process_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for true_class in ("left", "right"):  # a model that always answers one class fails one of the two
+        video = sorted(Path(synthetic_dataset["VAL_DATA_PATH"]).glob(f"val/{true_class}/*.mp4"))[0]
+        trainer_cli(["predict", str(video), "--config-file", str(two_process_run / "config.yaml"),
+                     "--checkpoint", str(two_process_run / "checkpoints" / "best.pth"), "--topk", "5"])
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == f"{video}:"
+        ranked = [re.fullmatch(r"(\d)\. (\w+) (\d+\.\d)%", line) for line in lines[1:]]
+        assert all(ranked), lines  # --topk 5 of 2 classes: both, ranked
+        assert [(m[1], m[2]) for m in ranked] == [("1", true_class), ("2", ({"left", "right"} - {true_class}).pop())]
+        percents = [float(m[3]) for m in ranked]
+        assert percents[0] > 50.0 and sum(percents) == pytest.approx(100.0, abs=0.1), lines
 
 
 def test_gluoncv_tutorial_command_under_legacy_launcher(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
@@ -203,18 +244,115 @@ def test_gluoncv_tutorial_command_under_legacy_launcher(synthetic_dataset: dict[
     assert status["state"] == "finished" and status["world_size"] == 2
 
 
-def test_gradient_accumulation_steps_and_keeps_ranks_identical(
+# Two 2-process runs that must end with the same weights: each rank takes the same 12 clips in the same order, as 6
+# micro-batches of 2 (ACCUM_STEPS 2) or as 3 batches of 4. Nothing depends on how the clips are batched: BatchNorm
+# normalises with its running statistics (BN_EVAL), there is no dropout, and clips are keyed by (seed, epoch, index).
+# A constant LR (Step policy, no warmup), scaled by the global batch 8 (2 ranks x 4 clips per step) / 16.
+SAME_STEPS: dict[str, Any] = {
+    "RECIPE": "pyslowfast",
+    "TRAIN": {"EPOCH_NUM": 1, "USE_WARMUP": False, "WARMUP_EPOCHS": 0, "LR_POLICY": "Step", "SCALE_LR": True,
+              "BASE_BATCH_SIZE": 16, "LABEL_SMOOTHING": 0.2},
+    "MODEL": {"NAME": "i3d_tiny", "BN_EVAL": True, "DROPOUT_RATE": 0.0},
+}
+SCALED_LR = 0.1 * 8 / 16
+
+
+@pytest.fixture(scope="module")
+def torchrun_large_batch_run(synthetic_dataset: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's torchrun command (c10d rendezvous): 2 processes, batches of 4, no accumulation."""
+    tmp = tmp_path_factory.mktemp("torchrun")
+    cfg = write_config(tmp / "cfg.yaml", synthetic_dataset, tmp / "run", workers=2,
+                       **{**SAME_STEPS, "TRAIN": {**SAME_STEPS["TRAIN"], "BATCH_SIZE": 4, "ACCUM_STEPS": 1}})
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run_trainer(torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{free_port()}", "-m", "trainer.train", "--config-file", cfg)
+    return tmp / "run"
+
+
+def test_torchrun_with_c10d_rendezvous_trains_at_the_lr_scaled_to_the_global_batch(
+    torchrun_large_batch_run: Path,
+) -> None:
+    status = json.loads((torchrun_large_batch_run / "status.json").read_text())
+    assert status["state"] == "finished" and status["world_size"] == 2 and status["step"] == 3
+    assert json.loads((torchrun_large_batch_run / "weights_digest.json").read_text())["identical"]
+    assert "global batch 8" in (torchrun_large_batch_run / "log.txt").read_text()
+    saved = torch.load(torchrun_large_batch_run / "checkpoints" / "epoch_0001.pth", weights_only=True)
+    assert [g["lr"] for g in saved["optimizer"]["param_groups"]] == pytest.approx([SCALED_LR] * 2)
+
+
+def test_gradient_accumulation_equals_the_large_batch_and_syncs_once_per_step(
+    synthetic_dataset: dict[str, Any], torchrun_large_batch_run: Path, tmp_path: Path
+) -> None:
+    """ACCUM_STEPS 2 x BATCH_SIZE 2 on 2 ranks: the weights of BATCH_SIZE 4, one gradient all-reduce per optimizer
+    step (no_sync on the first micro-batch), identical ranks; SCALE_LR, LABEL_SMOOTHING and FIND_UNUSED_PARAMETERS
+    seen from outside the trainer (tests/trainer/_train_probe.py)."""
+    run_dir = tmp_path / "run"
+    train = {**SAME_STEPS["TRAIN"], "BATCH_SIZE": 2, "ACCUM_STEPS": 2, "FIND_UNUSED_PARAMETERS": True}
+    cfg = write_config(tmp_path / "cfg.yaml", synthetic_dataset, run_dir, workers=2, **{**SAME_STEPS, "TRAIN": train})
+    launch(probed_train_worker, load_config(cfg))
+    probes = [torch.load(run_dir / f"probe_rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    for probe in probes:
+        # 12 clips per rank: 6 micro-batches, and DDP all-reduced gradients only for the 3 optimizer steps
+        assert (probe["train_forwards"], probe["grad_syncs"], len(probe["steps"])) == (6, 3, 3)
+        assert probe["find_unused_parameters"] is True
+        assert [lr for step in probe["steps"] for lr in step["lrs"]] == pytest.approx([SCALED_LR] * 2 * 3)
+        assert len(probe["losses"]) == 6
+        for logits, labels, loss in probe["losses"]:
+            # LABEL_SMOOTHING e: (1 - e) x NLL of the true class + e x mean NLL over the classes, averaged over clips
+            log_p = logits.log_softmax(dim=1)
+            nll = -log_p.gather(1, labels[:, None]).squeeze(1)
+            assert loss == pytest.approx((0.8 * nll - 0.2 * log_p.mean(dim=1)).mean().item(), rel=1e-6)
+    losses = [loss for probe in probes for _, _, loss in probe["losses"]]
+    assert metrics(run_dir)[-1]["train_loss"] == pytest.approx(sum(losses) / len(losses))
+    out = (run_dir / "log.txt").read_text()
+    assert "3 optimizer steps per epoch" in out and "global batch 8" in out
+    assert json.loads((run_dir / "weights_digest.json").read_text())["identical"]
+
+    def final(run: Path) -> dict[str, torch.Tensor]:
+        return torch.load(run / "checkpoints" / "epoch_0001.pth", weights_only=True)["model"]
+
+    accumulated, large_batch, initial = final(run_dir), final(torchrun_large_batch_run), probes[0]["initial"]
+    assert accumulated.keys() == large_batch.keys() == initial.keys()
+    moved = max((accumulated[k] - initial[k]).abs().max().item() for k in initial if initial[k].is_floating_point())
+    assert moved > 1e-3  # the steps changed the weights by far more than the tolerance below
+    for name, tensor in large_batch.items():
+        torch.testing.assert_close(accumulated[name], tensor, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_clip_grad_norm_bounds_every_step(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
+    """A bound far below the gradients' norm: every step applies gradients of exactly that norm."""
+    bound = 1e-3
+    cfg = write_config(tmp_path / "cfg.yaml", synthetic_dataset, tmp_path / "run",
+                       TRAIN={"EPOCH_NUM": 1, "CLIP_GRAD_NORM": bound})
+    with observing() as probe:
+        launch(train_worker, load_config(cfg))  # one process, in this one
+    norms = [step["grad_norm"] for step in probe["steps"]]
+    assert len(norms) == 6  # 24 clips in batches of 4
+    assert all(0.999 * bound <= norm <= bound * (1 + 1e-6) for norm in norms), norms
+
+
+def test_sync_bn_converts_every_batchnorm_when_distributed_and_a_cpu_node_refuses_it_by_name(
     synthetic_dataset: dict[str, Any], tmp_path: Path
 ) -> None:
-    """ACCUM_STEPS 2: half as many optimizer steps (no_sync on the first micro-batch), still one set of weights."""
-    cfg = write_config(tmp_path / "cfg.yaml", synthetic_dataset, tmp_path / "run", workers=2,
-                       TRAIN={"EPOCH_NUM": 1, "ACCUM_STEPS": 2, "BATCH_SIZE": 2})
-    out = run_trainer("-m", "trainer.train", "--config-file", cfg)
-    # 24 training videos over 2 ranks at 2 clips per micro-batch: 6 micro-batches, 3 optimizer steps per epoch
-    assert "3 optimizer steps per epoch" in out.stdout and "global batch 8" in out.stdout
-    status = json.loads((tmp_path / "run" / "status.json").read_text())
-    assert status["state"] == "finished" and status["step"] == 3
-    assert json.loads((tmp_path / "run" / "weights_digest.json").read_text())["identical"]
+    cfg_path = write_config(tmp_path / "cfg.yaml", synthetic_dataset, tmp_path / "run", workers=2,
+                            TRAIN={"SYNC_BN": True})
+    cfg = load_config(cfg_path)
+    plain = {name for name, m in build_model_from_config(cfg).named_modules() if isinstance(m, nn.BatchNorm3d)}
+    ctx = dataclasses.replace(single_process_context(cfg), distributed=True, world_size=2)
+    converted = build_train_model(cfg, ctx)
+    assert len(plain) == 17
+    assert {name for name, m in converted.named_modules() if isinstance(m, nn.SyncBatchNorm)} == plain
+    assert not any(type(m) is nn.BatchNorm3d for m in converted.modules())
+    one_process = build_train_model(cfg, single_process_context(cfg))  # DISTRIBUTED False: nothing to sync
+    assert not any(isinstance(m, nn.SyncBatchNorm) for m in one_process.modules())
+
+    # SyncBatchNorm runs on GPU modules only: a CPU node stops before any worker starts, naming the key.
+    out = run_trainer("-m", "trainer.train", "--config-file", cfg_path, check=False, CUDA_VISIBLE_DEVICES="")
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "error: CONFIG.TRAIN.SYNC_BN: SyncBatchNorm synchronises statistics between GPU processes only, and no GPU is "
+        "visible on this machine; turn SYNC_BN off to train on CPUs (or check the driver and CUDA_VISIBLE_DEVICES)"
+    ], out.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("decoder", ["auto", "decord"])
