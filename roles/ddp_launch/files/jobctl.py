@@ -3,7 +3,6 @@
 roles/ddp_launch copies this file into the node's folder of the job and runs it there:
 
     jobctl.py start NODE_DIR [ROOT_WATCH]    start the node's supervisor detached (new session); pid in train.pid
-    jobctl.py wait-port NODE_DIR HOST PORT T until HOST:PORT accepts connections; fail early if the job died
     jobctl.py wait NODE_DIR SECONDS          until the job ends, a failure is recorded, or SECONDS pass; print state
     jobctl.py status NODE_DIR                print the node's state of the job (with the watch and, on rank 0, the
                                              trainer's status file)
@@ -578,20 +577,6 @@ def wait(job: Path, seconds: float) -> dict[str, Any]:
     return state(job)
 
 
-def wait_port(job: Path, host: str, port: int, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=2):
-                return {"listening": True, **state(job)}
-        except OSError:
-            pass
-        current = state(job)
-        if current["state"] != "running" or time.monotonic() > deadline:
-            return {"listening": False, **current}
-        time.sleep(1.0)
-
-
 def stop(job: Path, grace: float, by: str = "user", reason: str = "stopped with stop-training.yml") -> dict[str, Any]:
     pid = read_pid(job)
     if pid is None or not group_members(job, pid):
@@ -623,8 +608,6 @@ def main(argv: list[str]) -> int:
         result = start(job, rest[0] if rest else None)
     elif command == "wait":
         result = wait(job, float(rest[0]))
-    elif command == "wait-port":
-        result = wait_port(job, rest[0], int(rest[1]), float(rest[2]))
     elif command == "status":
         result = state(job)
     elif command == "stop":
