@@ -13,6 +13,7 @@ from tests.cluster.conftest import local_cluster
 __all__ = ["local_cluster"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/cluster/" in item.nodeid:

@@ -1,6 +1,6 @@
 """setup-cluster.yml on a fresh 3-node local cluster, run whole as a user would: the SSH key mesh, the environment
 step, idempotence, key rotation, and the all-pairs check's classified failures, each produced for real and reported
-with its hint: timeout (a frozen sshd), unreachable (a node's link down), refused (sshd down), unknown host key,
+with its hint: timeout (a frozen sshd), unreachable (no route to a node), refused (sshd down), unknown host key,
 changed host key, authentication refused (a lost authorized key) and no key.
 
 The local nodes come with the repository's .venv pre-installed read-only at /opt/vidcluster/venv (their inventory
@@ -165,24 +165,27 @@ def test_frozen_sshd_lost_key_and_unknown_host_key_are_told_apart(mesh: tuple[Lo
     assert ssh_check(cluster).returncode == 0
 
 
-def test_link_down_and_lost_authorized_key_name_exactly_the_pairs_into_those_nodes(
+def test_no_route_and_lost_authorized_key_name_exactly_the_pairs_into_those_nodes(
     mesh: tuple[LocalCluster, str],
 ) -> None:
     cluster, _ = mesh
-    _, node1, node2 = cluster.nodes
+    node0, node1, node2 = cluster.nodes
     auth = node1.home / ".ssh" / "authorized_keys"
     pub = cluster_pubkey(cluster)
     auth.write_text("".join(line + "\n" for line in auth.read_text().splitlines() if pub not in line))
-    subprocess.run(["ip", "-n", node2.netns, "link", "set", "eth0", "down"], check=True)
+    # node0 and node1 have no route to node2 (a broken network path); the controller still reaches every node.
+    routes = [["ip", "-n", node.netns, "route", "add", "unreachable", f"{node2.ip}/32"] for node in (node0, node1)]
+    for route in routes:
+        subprocess.run(route, check=True)
     try:
         proc = cluster.playbook("playbooks/ssh-check.yml", *FAST_CHECK, check=False)
     finally:
-        subprocess.run(["ip", "-n", node2.netns, "link", "set", "eth0", "up"], check=True)
-    # node2 cannot be reached by anyone, the controller included: its own row was never probed.
+        for route in routes:
+            subprocess.run([*route[:4], "del", *route[5:]], check=True)
     assert_reported(proc, {
         ("node0", "node1"): "auth_refused", ("node0", "node2"): "unreachable",
         ("node1", "node1"): "auth_refused", ("node1", "node2"): "unreachable",
-        ("node2", "node0"): "not_run", ("node2", "node1"): "not_run", ("node2", "node2"): "not_run",
+        ("node2", "node1"): "auth_refused",
     })  # fmt: skip
     setup_cluster(cluster, "--tags", "trust")  # the trust step puts the key back
     assert sum(pub in line for line in auth.read_text().splitlines()) == 1
