@@ -25,7 +25,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "CLIP_LEN": 4, "FRAME_RATE": 2, "NUM_SEGMENT": 1, "NUM_CROP": 1,
     "TEST_NUM_SEGMENT": 1, "TEST_NUM_CROP": 1, "TEST_CROP_SIZE": 24,
     "CROP_SIZE": 24, "SHORT_SIDE_SIZE": 32, "NEW_HEIGHT": 32, "NEW_WIDTH": 40, "KEEP_ASPECT_RATIO": False,
-    "NUM_WORKERS": 0, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
+    "NUM_WORKERS": 0, "PREFETCH_FACTOR": 2, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
     "DECODER": "decord", "DECODER_DEVICE": "cpu",
 }  # fmt: skip
 
@@ -38,7 +38,8 @@ def make_cfg(data: dict[str, Any], batch_size: int = 4, recipe: str = "gluoncv",
         CONFIG=SimpleNamespace(
             RECIPE=recipe,
             DATA=SimpleNamespace(**{**DATA_DEFAULTS, **data, **overrides}),
-            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3, DROP_LAST=False),
+            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3, DROP_LAST=False,
+                                  MULTIGRID=SimpleNamespace(USE_SHORT_CYCLE=False, USE_LONG_CYCLE=False)),
             VAL=SimpleNamespace(BATCH_SIZE=batch_size),
         )
     )

@@ -10,7 +10,10 @@ size and the transforms do the short-side resize.
 Training randomness comes from a generator keyed by (TRAIN.SEED, epoch, index): a sample gets the same clip
 and crop whichever worker or rank loads it, with any NUM_WORKERS, and again after a resume. The training
 sampler hands the epoch in with each index (see loader.EpochDistributedSampler); a plain integer key means
-epoch 0.
+epoch 0. Under multigrid training the key also carries the batch's Grid (frames, stride, crop; multigrid.py).
+
+An item's clip is uint8 [C, T, H, W] (a view of [T, H, W, C] storage): normalisation (the spec's mean/std) happens
+on the device, after the batch has crossed the worker boundary (transforms.ClipNormalizer).
 
 A video that is missing, empty or cannot be decoded yields `{'bad': (path, reason), 'index': i}` instead of a
 clip. A clip that `auto` decoded with torchcodec carries `'fallback': (path, why decord could not open it)`.
@@ -26,8 +29,9 @@ from torch.utils.data import Dataset
 
 from trainer.data.annotations import VideoRecord, read_annotations
 from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, DecoderChoice
+from trainer.data.multigrid import Grid
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
-from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_transform, train_transform
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_crop, train_crop
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -113,36 +117,39 @@ class VideoClipDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records) * self.views_per_video
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        index, epoch = key if isinstance(key, tuple) else (key, 0)
+    def __getitem__(self, key: int | tuple[int, int] | tuple[int, int, Grid]) -> dict[str, Any]:
+        """Item ``index``; a training key may add the epoch (augmentation) and a multigrid Grid (the clip's shape)."""
+        index, epoch, grid = (key, 0, None) if isinstance(key, int) else (*key, None)[:3]
         video_index, view = divmod(index, self.views_per_video)
         record = self.records[video_index]
         try:
-            item = self._load(record, view, epoch, index)
+            item = self._load(record, view, epoch, index, grid)
         except BadVideo as exc:
             return {"bad": (record.path, str(exc)), "index": index}
         if self.split == "test":
             item["video_index"] = video_index
         return item
 
-    def _load(self, record: VideoRecord, view: int, epoch: int, index: int) -> dict[str, Any]:
+    def _load(self, record: VideoRecord, view: int, epoch: int, index: int, grid: Grid | None) -> dict[str, Any]:
         spec = self.spec
         clip = (spec.clip_len, spec.frame_rate, spec.num_segment)
         if self.split == "train":
+            crop_size, short_side = spec.crop_size, spec.short_side
+            if grid is not None:
+                clip = (grid.clip_len, grid.frame_rate, spec.num_segment)
+                crop_size, short_side = grid.crop_size, grid.short_side
             rng = np.random.default_rng((self.seed, epoch, index))
             frames, fallback = self.decoder.clip(record.path, lambda n: train_indices(n, *clip, rng))
-            video = train_transform(
-                frames, spec.crop_size, spec.short_side, spec.scale_jitter, spec.random_flip, rng, spec.mean, spec.std
-            )
+            video = train_crop(frames, crop_size, short_side, spec.scale_jitter, spec.random_flip, rng)
         elif self.split == "val":
             frames, fallback = self.decoder.clip(record.path, lambda n: val_indices(n, *clip))
-            video = eval_transform(frames, spec.crop_size, spec.short_side, 0.5, spec.mean, spec.std)
+            video = eval_crop(frames, spec.crop_size, spec.short_side, 0.5)
         else:
             temporal, spatial = divmod(view, spec.test_num_crop)
             start = spec.test_positions[temporal]
             frames, fallback = self.decoder.clip(record.path, lambda n: view_indices(n, *clip, start))
             position = self.crop_positions[spatial]
-            video = eval_transform(frames, spec.test_crop_size, spec.short_side, position, spec.mean, spec.std)
+            video = eval_crop(frames, spec.test_crop_size, spec.short_side, position)
         item = {"video": video, "label": record.label, "index": index}
         if fallback is not None:
             item["fallback"] = (record.path, fallback)

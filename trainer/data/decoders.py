@@ -91,8 +91,9 @@ class DecordReader:
         return len(self._reader)
 
     def get_frames(self, indices: list[int]) -> torch.Tensor:
-        # decord can hand back RGBA for some small frames
-        return torch.from_numpy(self._reader.get_batch(indices).asnumpy()[..., :3])
+        # Zero-copy through DLPack (asnumpy() would copy the whole clip); decord can hand back RGBA for some small
+        # frames.
+        return torch.from_dlpack(self._reader.get_batch(indices).to_dlpack())[..., :3]
 
 
 def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -217,6 +218,8 @@ def read_frames(reader: VideoReader, indices: np.ndarray) -> torch.Tensor:
         frames = reader.get_frames(unique.tolist())
     except Exception as exc:  # a truncated file can open and then fail on the missing frames
         raise BadVideo(f"cannot decode frames: {decoder_error(exc)}") from exc
+    if len(unique) == len(indices) and (unique == indices).all():
+        return frames  # already in order (a clip inside a video): no copy
     return frames[torch.from_numpy(inverse.reshape(-1)).to(frames.device)]
 
 
