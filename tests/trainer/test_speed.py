@@ -61,6 +61,21 @@ def test_uint8_batches_normalised_on_the_device_equal_the_float_clips(
     assert ClipNormalizer(MEAN, STD)(float_input) is float_input  # already model input: passed on as it is
 
 
+def test_videos_larger_than_the_crops_need_are_decoded_smaller_the_same_way_every_time(
+    synthetic_dataset: dict[str, Any]
+) -> None:
+    # 32 px videos, short side 16 at most 1.25x in training: decoded at 20 px (train) and 16 px (val), not 32.
+    cfg = make_cfg(synthetic_dataset, KEEP_ASPECT_RATIO=True, SHORT_SIDE_SIZE=16, CROP_SIZE=12, TEST_CROP_SIZE=12)
+    for split, side in (("train", 20), ("val", 16)):
+        dataset = build_dataset(cfg, split)
+        key = (5, 2) if split == "train" else 5
+        first = dataset[key]["video"]  # decoded at 32 px, found too large, decoded again at `side`
+        assert dataset.decoder._fitted[dataset.records[5].path] == (side, side)
+        again = dataset[key]["video"]  # straight at `side`
+        assert first.shape == (3, 4, 12, 12) and torch.equal(first, again)
+    assert "bad" not in build_dataset(make_cfg(synthetic_dataset, KEEP_ASPECT_RATIO=True), "train")[0]
+
+
 def test_channels_last_leaves_outputs_and_gradients_unchanged_on_cpu() -> None:
     torch.manual_seed(0)
     model = build_model("slowfast_tiny", num_classes=3, dropout=0.0)  # train mode: batch statistics, no dropout

@@ -5,7 +5,8 @@ Videos are decoded by CONFIG.DATA.DECODER through trainer.data.decoders: decord 
 whichever DataLoader worker runs the item and is never pickled or shared between processes. Each clip is one
 batched read of sorted unique frame indices. The decoder resizes frames to NEW_WIDTH x NEW_HEIGHT when
 KEEP_ASPECT_RATIO is False (GluonCV's behaviour); with KEEP_ASPECT_RATIO True frames are decoded at their native
-size and the transforms do the short-side resize.
+size, or at the largest short side the split's crops need when the video is larger (SHORT_SIDE_SIZE x the top of
+SCALE_JITTER in training), and the transforms do the short-side resize.
 
 Training randomness comes from a generator keyed by (TRAIN.SEED, epoch, index): a sample gets the same clip
 and crop whichever worker or rank loads it, with any NUM_WORKERS, and again after a resume. The training
@@ -21,6 +22,7 @@ clip. A clip that `auto` decoded with torchcodec carries `'fallback': (path, why
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -91,8 +93,14 @@ class ClipSpec:
 
     @property
     def decode_size(self) -> tuple[int, int]:
-        """(width, height) the decoder resizes to; NATIVE keeps the video's size."""
+        """(width, height) the decoder resizes to; NATIVE keeps the video's size (but see ClipDecoder.clip's
+        short_side: a video larger than the crops need is decoded smaller)."""
         return NATIVE if self.keep_aspect_ratio else (self.new_width, self.new_height)
+
+    @property
+    def eval_short_side(self) -> int:
+        """The largest short side validation and test frames are resized to."""
+        return max(self.short_side, self.crop_size, self.test_crop_size)
 
 
 class VideoClipDataset(Dataset):
@@ -139,15 +147,18 @@ class VideoClipDataset(Dataset):
                 clip = (grid.clip_len, grid.frame_rate, spec.num_segment)
                 crop_size, short_side = grid.crop_size, grid.short_side
             rng = np.random.default_rng((self.seed, epoch, index))
-            frames, fallback = self.decoder.clip(record.path, lambda n: train_indices(n, *clip, rng))
+            # the default grid's: a video's decode size must not depend on which multigrid grid saw it first
+            largest = max(math.ceil(spec.short_side * spec.scale_jitter[1]), spec.crop_size)
+            frames, fallback = self.decoder.clip(record.path, lambda n: train_indices(n, *clip, rng), largest)
             video = train_crop(frames, crop_size, short_side, spec.scale_jitter, spec.random_flip, rng)
         elif self.split == "val":
-            frames, fallback = self.decoder.clip(record.path, lambda n: val_indices(n, *clip))
+            frames, fallback = self.decoder.clip(record.path, lambda n: val_indices(n, *clip), spec.eval_short_side)
             video = eval_crop(frames, spec.crop_size, spec.short_side, 0.5)
         else:
             temporal, spatial = divmod(view, spec.test_num_crop)
             start = spec.test_positions[temporal]
-            frames, fallback = self.decoder.clip(record.path, lambda n: view_indices(n, *clip, start))
+            frames, fallback = self.decoder.clip(record.path, lambda n: view_indices(n, *clip, start),
+                                                 spec.eval_short_side)
             position = self.crop_positions[spatial]
             video = eval_crop(frames, spec.test_crop_size, spec.short_side, position)
         item = {"video": video, "label": record.label, "index": index}
