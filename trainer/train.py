@@ -34,6 +34,7 @@ from trainer.accel import configure_backends, prepare_model, wrap_ddp
 from trainer.config import Config, ConfigError, dump_config, load_config, run_dir
 from trainer.data import build_dataset, build_loader
 from trainer.data.loader import epoch_batches, set_loader_epoch
+from trainer.data.multigrid import MultigridSchedule
 from trainer.distributed import DistContext, add_launcher_args, all_gather_object, broadcast_buffers, launch
 from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.errors import reading_checkpoint, report_user_errors
@@ -77,6 +78,7 @@ class Run:
     raw_model: nn.Module  # the unwrapped module: evaluated, saved and loaded
     train_loader: object
     val_loader: object
+    precise_bn_loader: object  # the training loader, at the full grid under multigrid (what is evaluated)
     state: TrainState
     reporter: Reporter
     inference: dict[str, object]  # stored in every checkpoint (checkpoint.inference_info)
@@ -155,7 +157,10 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM)
     reporter.update_status(force=True, state="running", epoch=start_epoch, steps_per_epoch=steps_per_epoch)
     inference = checkpoint.inference_info(cfg, checkpoint.class_names(cfg))
-    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, state, reporter, inference)
+    precise_bn_loader = train_loader
+    if train.PRECISE_BN and MultigridSchedule.from_config(cfg) is not None:
+        precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False)
+    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter, inference)
     try:
         for epoch in range(start_epoch, train.EPOCH_NUM):
             best_top1 = run_epoch(run, epoch, best_top1)
@@ -170,7 +175,8 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     ctx, cfg, state = run.ctx, run.cfg, run.state
     train, log_cfg = cfg.CONFIG.TRAIN, cfg.CONFIG.LOG
     seed_everything(epoch_seed(cfg, epoch, ctx.rank))
-    set_loader_epoch(run.train_loader, epoch)
+    for loader in (run.train_loader, run.precise_bn_loader):  # the same loader twice without a separate one
+        set_loader_epoch(loader, epoch)
     state.bad_videos.clear()
     state.fallback_videos.clear()
     metrics: dict[str, object] = {"lr": state.scheduler.get_last_lr()[0]}
@@ -183,7 +189,7 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     validate = done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM
     save = done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM
     if train.PRECISE_BN and (validate or save):  # as PySlowFast: before each evaluation and checkpoint
-        batches = update_precise_bn(run.raw_model, run.train_loader, ctx, cfg)
+        batches = update_precise_bn(run.raw_model, run.precise_bn_loader, ctx, cfg)
         log.info("precise BatchNorm statistics from %d batches over %d rank(s)", batches, ctx.world_size)
     if validate:
         val = evaluate(run.raw_model, run.val_loader, ctx, cfg)

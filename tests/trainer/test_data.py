@@ -16,7 +16,7 @@ import torch
 from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
-from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_crop, normalize, train_crop
 from trainer.distributed import DistContext
 
 SIZE, FRAMES = 32, 16
@@ -217,8 +217,8 @@ def test_short_videos_are_padded_with_their_last_frame() -> None:
 def test_transforms_output_shape_and_imagenet_normalisation() -> None:
     frames = np.full((5, 30, 50, 3), 128, dtype=np.uint8)
     expected = (128 / 255 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD)
-    train = train_transform(frames, 24, 30, (1.0, 1.25), True, np.random.default_rng(0))
-    val = eval_transform(frames, 24, 30)
+    train = normalize(train_crop(frames, 24, 30, (1.0, 1.25), True, np.random.default_rng(0)))
+    val = normalize(eval_crop(frames, 24, 30))
     for video in (train, val):
         assert video.shape == (3, 5, 24, 24) and video.dtype == torch.float32
         torch.testing.assert_close(video.mean(dim=(1, 2, 3)), expected)
@@ -226,13 +226,13 @@ def test_transforms_output_shape_and_imagenet_normalisation() -> None:
 
 def test_test_crops_go_left_centre_right_and_flip_is_a_switch() -> None:
     ramp = np.broadcast_to(np.arange(60, dtype=np.uint8)[None, None, :, None] * 4, (2, 20, 60, 3)).copy()
-    crops = [eval_transform(ramp, 20, 20, position)[0].mean().item() for position in (0.0, 0.5, 1.0)]
+    crops = [normalize(eval_crop(ramp, 20, 20, position))[0].mean().item() for position in (0.0, 0.5, 1.0)]
     assert crops[0] < crops[1] < crops[2]
     left_to_right = [
-        train_transform(ramp, 20, 20, (1.0, 1.0), False, np.random.default_rng(s)) for s in range(8)
+        normalize(train_crop(ramp, 20, 20, (1.0, 1.0), False, np.random.default_rng(s))) for s in range(8)
     ]
     assert all(bool((v[0, 0, 0, 1:] > v[0, 0, 0, :-1]).all()) for v in left_to_right)
-    flipped = [train_transform(ramp, 20, 20, (1.0, 1.0), True, np.random.default_rng(s)) for s in range(8)]
+    flipped = [normalize(train_crop(ramp, 20, 20, (1.0, 1.0), True, np.random.default_rng(s))) for s in range(8)]
     assert any(bool((v[0, 0, 0, 1:] < v[0, 0, 0, :-1]).all()) for v in flipped)
 
 

@@ -158,7 +158,8 @@ def test_multigrid_learning_rate_runs_in_fractional_epochs_and_scales_with_the_l
 def multigrid_config(data: dict[str, Any], tmp: Path, run: Path, **train: Any) -> Any:
     path = write_config(tmp / "cfg.yaml", data, run, workers=2, TRAIN={
         "EPOCH_NUM": 3, "BATCH_SIZE": 1, "LR": 0.05, "USE_WARMUP": False, "WARMUP_EPOCHS": 0,
-        "MULTIGRID": {"USE_SHORT_CYCLE": True, "USE_LONG_CYCLE": True, "LONG_CYCLE_EPOCH": [0, 1]}, **train},
+        "MULTIGRID": {"USE_SHORT_CYCLE": True, "USE_LONG_CYCLE": True, "LONG_CYCLE_EPOCH": [0, 1]},
+        "PRECISE_BN": True, "PRECISE_BN_BATCHES": 2, **train},
         DATA={"MULTIGRID": True}, VAL={"FREQ": 3}, MODEL={"NAME": "slowfast_tiny"})
     return load_config(path)
 

@@ -122,29 +122,3 @@ def eval_crop(frames: Frames, crop_size: int, short_side: int, position: float =
     height, width = frames.shape[1:3]
     fy, fx = (0.5, position) if width >= height else (position, 0.5)
     return _as_clip(_resized_crop(frames, crop_size, short_side, fy, fx))
-
-
-def train_transform(
-    frames: Frames,
-    crop_size: int,
-    short_side: int,
-    scale_jitter: tuple[float, float],
-    flip: bool,
-    rng: np.random.Generator,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
-) -> torch.Tensor:
-    """`train_crop`, normalised: float32 [C, T, H, W]."""
-    return normalize(train_crop(frames, crop_size, short_side, scale_jitter, flip, rng), mean, std)
-
-
-def eval_transform(
-    frames: Frames,
-    crop_size: int,
-    short_side: int,
-    position: float = 0.5,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
-) -> torch.Tensor:
-    """`eval_crop`, normalised: float32 [C, T, H, W]."""
-    return normalize(eval_crop(frames, crop_size, short_side, position), mean, std)
