@@ -4,8 +4,10 @@ Clips as configs/slowfast.yaml trains them: 32 frames at stride 2 from 340x256 H
 makes them), 224 px crops of 256-320 px short sides, random flips. Rows:
 
 * decode-only: decord opens the video and ``get_batch``es the clip's 32 frames, nothing else (the floor);
-* the dataset item (decode, crop/resize, flip; uint8 out, normalised later on the device);
-* the same item the way it was before (normalised to float32 in the worker), for reference;
+* the dataset item on a GPU node (decode, pick the crop's region and flip; the crop is made on the GPU), and on a
+  CPU-only node (the worker makes the crop, uint8);
+* the same item the way it was before (resized, flipped and normalised to float32 in the worker), for reference;
+* what making a batch's crops costs on this CPU, per clip (on a GPU: microseconds);
 * the DataLoader with N workers (batches of 8, pinned as on a GPU node, persistent workers) against N decode-only
   loops running side by side in N processes.
 
@@ -29,8 +31,9 @@ from torchvision.transforms.v2 import functional as TF
 from bench.decoders import CLIP_LEN, STRIDE, make_video
 from trainer.config import validate_config
 from trainer.data import build_dataset, build_loader
+from trainer.data.loader import collate_clips
 from trainer.data.sampling import clip_indices
-from trainer.data.transforms import normalize
+from trainer.data.transforms import ClipNormalizer, Crop, normalize
 
 BATCH = 8
 
@@ -82,9 +85,16 @@ def interleaved_rates(methods: dict[str, Callable[[int], Any]], clips: int, roun
     return {name: rounds * clips / total for name, total in seconds.items()}
 
 
+def gpu_node_dataset(cfg: Any) -> Any:
+    """The training dataset as a node with a GPU builds it: crops made on the GPU, not in the workers."""
+    dataset = build_dataset(cfg, "train")
+    dataset.crop_on_device = True
+    return dataset
+
+
 def loader_rate(cfg: Any, batches: int) -> float:
-    """clips/s of the training DataLoader over ``batches`` batches after its first (workers started)."""
-    loader = build_loader(build_dataset(cfg, "train"), cfg, "train", None)  # pinned only with a GPU
+    """clips/s of a GPU node's training DataLoader over ``batches`` batches after its first (workers started)."""
+    loader = build_loader(gpu_node_dataset(cfg), cfg, "train", None)  # pinned only with a GPU
     iterator = iter(loader)
     next(iterator)
     start, clips = time.perf_counter(), 0
@@ -121,6 +131,26 @@ def antialias_rows() -> dict[str, float]:
     return {"time": times[True] / times[False], "error_aa": errors[True], "error_plain": errors[False]}
 
 
+def made_in_the_worker(item: dict[str, Any], mean: Any, std: Any) -> torch.Tensor:
+    """The clip as the workers used to make it: the region resized on uint8 (torch's kernel), flipped, normalised."""
+    size, flip = item["crop"]
+    frames = TF.resize(item["video"].permute(1, 0, 2, 3), [size, size], antialias=True)  # [T, C, size, size]
+    frames = TF.horizontal_flip(frames) if flip else frames
+    return normalize(Crop(frames.permute(1, 0, 2, 3), size), mean, std)
+
+
+def device_step_ms(dataset: Any, clips: int) -> float:
+    """Milliseconds per clip of making a batch's crops (ClipNormalizer) on this CPU: the work a GPU node's workers no
+    longer do (on a GPU it takes microseconds)."""
+    items = [dataset[(i, 0)] for i in range(BATCH)]
+    batch = collate_clips(items)
+    normalizer = ClipNormalizer(dataset.spec.mean, dataset.spec.std)
+    start = time.perf_counter()
+    for _ in range(max(1, clips // BATCH)):
+        normalizer(batch["video"], batch["crops"])
+    return 1000 * (time.perf_counter() - start) / (max(1, clips // BATCH) * BATCH)
+
+
 def run(quick: bool, workers: int = 2) -> dict[str, Any]:
     torch.set_num_threads(1)  # as in a DataLoader worker
     clips, rounds = (12, 1) if quick else (30, 2)
@@ -128,18 +158,21 @@ def run(quick: bool, workers: int = 2) -> dict[str, Any]:
         root = Path(tmp)
         paths = kinetics_like(root, 2 if quick else 3)
         cfg = loader_config(root, paths, clips, 0)
-        dataset = build_dataset(cfg, "train")
+        dataset, cpu_node = gpu_node_dataset(cfg), build_dataset(cfg, "train")
+        cpu_node.crop_on_device = False
         spec = dataset.spec
-
-        def item(index: int) -> torch.Tensor:
-            return dataset[(index, 0)]["video"]
-
         rates = interleaved_rates({
             "decode": lambda i: decode_only(paths[i % len(paths)], i),
-            "item": item,
-            "item_float": lambda i: normalize(item(i), spec.mean, spec.std),
+            "item": lambda i: dataset[(i, 0)],
+            "item_cpu_node": lambda i: cpu_node[(i, 0)],
+            "item_before": lambda i: made_in_the_worker(dataset[(i, 0)], spec.mean, spec.std),
         }, clips, rounds)
-        parallel = parallel_decode_rate(paths, workers, clips)
         batches = 8 if quick else 16
-        loader = loader_rate(loader_config(root, paths, (batches + 1) * BATCH, workers), batches)
-    return {**rates, "parallel_decode": parallel, "loader": loader, "workers": workers, "antialias": antialias_rows()}
+        loader_cfg = loader_config(root, paths, (batches + 1) * BATCH, workers)
+        parallel = loader = 0.0
+        for _ in range(rounds):  # in turn, so a busy moment of the shared machine hits both
+            parallel += parallel_decode_rate(paths, workers, clips) / rounds
+            loader += loader_rate(loader_cfg, batches) / rounds
+        device_ms = device_step_ms(dataset, clips)
+    return {**rates, "parallel_decode": parallel, "loader": loader, "workers": workers, "device_ms": device_ms,
+            "antialias": antialias_rows()}

@@ -86,7 +86,7 @@ def _forward_loss(
         loss = model(_placeholder_input(cfg, normalizer)).sum() * 0.0
         model.train()
         return loss, None, None
-    video = normalizer(batch["video"])
+    video = normalizer(batch["video"], batch.get("crops"))
     labels = batch["label"].to(ctx.device, non_blocking=True)
     with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
         logits = model(video)
@@ -159,7 +159,7 @@ def _eval_logits(
         if len(batch["label"]) == 0:
             continue
         with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-            logits = model(normalizer(batch["video"])).float()
+            logits = model(normalizer(batch["video"], batch.get("crops"))).float()
         yield batch, batch["label"].to(ctx.device, non_blocking=True), logits
 
 

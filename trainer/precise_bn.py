@@ -53,7 +53,7 @@ def update_precise_bn(model: nn.Module, loader: Any, ctx: DistContext, cfg: Conf
             if _any_rank_empty(batch, ctx):
                 continue
             with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-                model(normalizer(batch["video"]))
+                model(normalizer(batch["video"], batch.get("crops")))
             stats = [t.double() for bn in batchnorms for t in (bn.running_mean, bn.running_var)]
             sums += torch.cat([*stats, torch.ones(1, dtype=torch.float64, device=ctx.device)])
     finally:

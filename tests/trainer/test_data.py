@@ -16,7 +16,7 @@ import torch
 from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
-from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_crop, normalize, train_crop
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, eval_crop, normalize, train_crop
 from trainer.distributed import DistContext
 
 SIZE, FRAMES = 32, 16
@@ -266,7 +266,8 @@ def test_multi_segment_clips_concatenate_along_time(synthetic_dataset: dict[str,
     cfg = make_cfg(synthetic_dataset, NUM_SEGMENT=2, KEEP_ASPECT_RATIO=True)
     for split in ("train", "val"):
         item = build_dataset(cfg, split)[5]
-        assert item["video"].shape == (3, 8, 24, 24) and item["index"] == 5
+        crop = normalize(Crop(item["video"], *item["crop"]))
+        assert crop.shape == (3, 8, 24, 24) and item["index"] == 5
 
 
 def test_decoder_resize_sizes_decord_mishandles_still_load(synthetic_dataset: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torchvision.transforms.v2 import functional as TF
 
 from tests.trainer.test_data import make_cfg
 from tests.trainer.test_train import write_config
@@ -22,7 +23,7 @@ from trainer.config import load_config, validate_config
 from trainer.data import build_dataset, build_loader
 from trainer.data.loader import EpochDistributedSampler, epoch_batches
 from trainer.data.multigrid import Grid, MultigridBatchSampler, MultigridSchedule
-from trainer.data.transforms import ClipNormalizer
+from trainer.data.transforms import ClipNormalizer, Crop, normalize, resize_region
 from trainer.distributed import launch, single_process_context
 from trainer.models import build_model
 from trainer.reporting import read_metrics
@@ -32,33 +33,58 @@ from trainer.train import train_worker
 MEAN, STD = (0.45, 0.4, 0.35), (0.225, 0.25, 0.2)
 
 
-def float_clip_as_before(clip: torch.Tensor) -> torch.Tensor:
-    """What the workers returned before clips stayed uint8 (the transforms' old last step, verbatim)."""
+def float_clip_as_before(item: dict[str, Any]) -> torch.Tensor:
+    """What the workers returned before clips stayed uint8: the region resized on uint8 (torch's kernel), flipped,
+    then normalised to float32 (the transforms' old steps, verbatim)."""
+    region, (size, flip) = item["video"], item["crop"]
+    frames = region.permute(1, 0, 2, 3)  # [T, C, s, s]
+    if frames.shape[-1] != size:
+        frames = TF.resize(frames, [size, size], antialias=True)
+    if flip:
+        frames = TF.horizontal_flip(frames)
     mean = torch.tensor(MEAN, dtype=torch.float32).view(-1, 1, 1, 1)
     std = torch.tensor(STD, dtype=torch.float32).view(-1, 1, 1, 1)
-    return clip.to(torch.float32).mul_(1.0 / (255.0 * std)).sub_(mean / std).contiguous()
+    return frames.permute(1, 0, 2, 3).to(torch.float32).mul_(1.0 / (255.0 * std)).sub_(mean / std).contiguous()
 
 
+@pytest.mark.parametrize("crop_on_device", [True, False], ids=["gpu-node", "cpu-node"])
 @pytest.mark.parametrize("split", ["train", "val", "test"])
-def test_uint8_batches_normalised_on_the_device_equal_the_float_clips(
-    synthetic_dataset: dict[str, Any], split: str
+def test_uint8_batches_cropped_and_normalised_on_the_device_equal_the_float_clips(
+    synthetic_dataset: dict[str, Any], split: str, crop_on_device: bool
 ) -> None:
     cfg = make_cfg(synthetic_dataset, batch_size=3, NUM_WORKERS=2, RANDOM_FLIP=True, TEST_NUM_CROP=3,
                    NEW_WIDTH=48, MEAN=list(MEAN), STD=list(STD))
     dataset = build_dataset(cfg, split)
+    dataset.crop_on_device = crop_on_device  # as build_dataset sets it on a node with (True) or without a GPU
     loader = build_loader(dataset, cfg, split, None)
     batch = next(iter(loader))  # made in a worker process, in shared memory
-    video = batch["video"]
-    assert video.dtype == torch.uint8 and video.shape == (3, 3, 4, 24, 24)
+    video, plans = batch["video"], batch["crops"]
+    side = max(region for region, _, _ in plans)
+    assert video.dtype == torch.uint8 and video.shape == (3, 3, 4, side, side)
     assert video.is_contiguous(memory_format=torch.channels_last_3d)  # each clip one copy of its storage
+    if split == "train" and crop_on_device:  # scale jitter: regions of 19-24 px to be enlarged to 24, some flipped
+        assert len({region for region, _, _ in plans}) > 1 or any(flip for _, _, flip in plans)
+    else:
+        assert all(plan == (24, 24, False) for plan in plans)  # crops already
     keys = [(int(i), 0) for i in batch["index"]] if split == "train" else [int(i) for i in batch["index"]]
-    expected = torch.stack([float_clip_as_before(dataset[key]["video"]) for key in keys])
+    dataset.crop_on_device = True
+    expected = torch.stack([float_clip_as_before(dataset[key]) for key in keys])
     for memory_format in (torch.contiguous_format, torch.channels_last_3d):
-        normalised = ClipNormalizer(MEAN, STD, "cpu", memory_format)(video)
+        normalised = ClipNormalizer(MEAN, STD, "cpu", memory_format)(video, plans)
         assert normalised.dtype == torch.float32 and normalised.is_contiguous(memory_format=memory_format)
         torch.testing.assert_close(normalised, expected, rtol=0, atol=1e-6)
     float_input = torch.randn(2, 3, 4, 8, 8)
     assert ClipNormalizer(MEAN, STD)(float_input) is float_input  # already model input: passed on as it is
+
+
+def test_the_gpus_float_resize_matches_the_cpus_uint8_one() -> None:
+    region = torch.randint(0, 256, (4, 19, 19, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    region = region.permute(3, 0, 1, 2)  # [C, T, s, s] view of [T, s, s, C] storage, as regions are
+    on_cpu = resize_region(region, 24)
+    in_float = resize_region(region.float(), 24)  # what a GPU computes
+    assert on_cpu.dtype == torch.uint8 and in_float.shape == on_cpu.shape == (3, 4, 24, 24)
+    # within a level: torch's uint8 kernel rounds its fixed-point weights and its output, the float one does not
+    torch.testing.assert_close(in_float, on_cpu.float(), rtol=0, atol=1.0)
 
 
 def test_videos_larger_than_the_crops_need_are_decoded_smaller_the_same_way_every_time(
@@ -69,10 +95,11 @@ def test_videos_larger_than_the_crops_need_are_decoded_smaller_the_same_way_ever
     for split, side in (("train", 20), ("val", 16)):
         dataset = build_dataset(cfg, split)
         key = (5, 2) if split == "train" else 5
-        first = dataset[key]["video"]  # decoded at 32 px, found too large, decoded again at `side`
+        first = dataset[key]  # decoded at 32 px, found too large, decoded again at `side`
         assert dataset.decoder._fitted[dataset.records[5].path] == (side, side)
-        again = dataset[key]["video"]  # straight at `side`
-        assert first.shape == (3, 4, 12, 12) and torch.equal(first, again)
+        again = dataset[key]  # straight at `side`
+        assert first["crop"] == again["crop"] and torch.equal(first["video"], again["video"])
+        assert normalize(Crop(first["video"], *first["crop"])).shape == (3, 4, 12, 12)
     assert "bad" not in build_dataset(make_cfg(synthetic_dataset, KEEP_ASPECT_RATIO=True), "train")[0]
 
 

@@ -13,8 +13,11 @@ and crop whichever worker or rank loads it, with any NUM_WORKERS, and again afte
 sampler hands the epoch in with each index (see loader.EpochDistributedSampler); a plain integer key means
 epoch 0. Under multigrid training the key also carries the batch's Grid (frames, stride, crop; multigrid.py).
 
-An item's clip is uint8 [C, T, H, W] (a view of [T, H, W, C] storage): normalisation (the spec's mean/std) happens
-on the device, after the batch has crossed the worker boundary (transforms.ClipNormalizer).
+An item's 'video' is the uint8 [C, T, s, s] region of the decoded frames that becomes its crop (a view: the worker
+touches no pixel after decoding), 'crop' is (crop size, flip). Where the model trains on a GPU (crop_on_device), the
+crop is made there, after the batch has crossed the worker boundary: resized, flipped, normalised with the spec's
+mean/std (transforms.ClipNormalizer); on a CPU-only node the worker makes it (uint8, make_crop) and the training
+process only normalises.
 
 A video that is missing, empty or cannot be decoded yields `{'bad': (path, reason), 'index': i}` instead of a
 clip. A clip that `auto` decoded with torchcodec carries `'fallback': (path, why decord could not open it)`.
@@ -27,13 +30,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from trainer.data.annotations import VideoRecord, read_annotations
 from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, DecoderChoice
 from trainer.data.multigrid import Grid
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
-from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_crop, train_crop
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_crop, make_crop, train_crop
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -107,7 +111,8 @@ class VideoClipDataset(Dataset):
     """Clips of annotated videos for one split; a test split has one item per (video, temporal view, crop)."""
 
     def __init__(
-        self, records: list[VideoRecord], split: Split, spec: ClipSpec, seed: int = 0, gpu: int = 0
+        self, records: list[VideoRecord], split: Split, spec: ClipSpec, seed: int = 0, gpu: int = 0,
+        crop_on_device: bool = False,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -116,6 +121,7 @@ class VideoClipDataset(Dataset):
         self.spec = spec
         self.seed = seed
         self.crop_positions = crop_positions(spec.test_num_crop)
+        self.crop_on_device = crop_on_device  # else the crop is made here, as uint8 (make_crop)
         self.decoder = ClipDecoder(spec.decoder, spec.decode_size, spec.decoder_device, gpu)
 
     @property
@@ -150,18 +156,20 @@ class VideoClipDataset(Dataset):
             # the default grid's: a video's decode size must not depend on which multigrid grid saw it first
             largest = max(math.ceil(spec.short_side * spec.scale_jitter[1]), spec.crop_size)
             frames, fallback = self.decoder.clip(record.path, lambda n: train_indices(n, *clip, rng), largest)
-            video = train_crop(frames, crop_size, short_side, spec.scale_jitter, spec.random_flip, rng)
+            crop = train_crop(frames, crop_size, short_side, spec.scale_jitter, spec.random_flip, rng)
         elif self.split == "val":
             frames, fallback = self.decoder.clip(record.path, lambda n: val_indices(n, *clip), spec.eval_short_side)
-            video = eval_crop(frames, spec.crop_size, spec.short_side, 0.5)
+            crop = eval_crop(frames, spec.crop_size, spec.short_side, 0.5)
         else:
             temporal, spatial = divmod(view, spec.test_num_crop)
             start = spec.test_positions[temporal]
             frames, fallback = self.decoder.clip(record.path, lambda n: view_indices(n, *clip, start),
                                                  spec.eval_short_side)
             position = self.crop_positions[spatial]
-            video = eval_crop(frames, spec.test_crop_size, spec.short_side, position)
-        item = {"video": video, "label": record.label, "index": index}
+            crop = eval_crop(frames, spec.test_crop_size, spec.short_side, position)
+        if not self.crop_on_device:
+            crop = make_crop(crop)
+        item = {"video": crop.region, "crop": (crop.size, crop.flip), "label": record.label, "index": index}
         if fallback is not None:
             item["fallback"] = (record.path, fallback)
         return item
@@ -176,4 +184,5 @@ def build_dataset(cfg: Config, split: Split) -> VideoClipDataset:
         anno, root = data.VAL_ANNO_PATH, data.VAL_DATA_PATH
     records = read_annotations(anno, root, num_classes=data.NUM_CLASSES)
     spec = ClipSpec.from_config(cfg)
-    return VideoClipDataset(records, split, spec, seed=cfg.CONFIG.TRAIN.SEED, gpu=cfg.DDP_CONFIG.GPU)
+    return VideoClipDataset(records, split, spec, seed=cfg.CONFIG.TRAIN.SEED, gpu=cfg.DDP_CONFIG.GPU,
+                            crop_on_device=torch.cuda.is_available())  # where the model trains

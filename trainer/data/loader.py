@@ -9,6 +9,7 @@ padding duplicates (DistributedSampler pads), at the cost of shards that may dif
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,24 +49,35 @@ class ShardSampler(Sampler[int]):
 
 
 def stack_clips(clips: Sequence[torch.Tensor]) -> torch.Tensor:
-    """uint8 [C, T, H, W] clips -> [B, C, T, H, W] in channels_last_3d order: each clip is one contiguous copy of its
-    [T, H, W, C] storage. In a DataLoader worker the batch is made in shared memory, so sending it to the main process
-    copies nothing more (as torch's default_collate does)."""
-    storage_order = [clip.permute(1, 2, 3, 0) for clip in clips]  # [T, H, W, C]
-    out = None
+    """uint8 [C, T, s, s] regions -> [B, C, T, S, S] in channels_last_3d order, S the largest s (a smaller region sits
+    top-left, zero-padded): each clip is one copy into the batch. In a DataLoader worker the batch is made in shared
+    memory, so sending it to the main process copies nothing more (as torch's default_collate does)."""
+    storage_order = [clip.permute(1, 2, 3, 0) for clip in clips]  # [T, s, s, C]
+    frames, _, _, channels = storage_order[0].shape
+    side = max(clip.shape[1] for clip in storage_order)
+    shape = (len(clips), frames, side, side, channels)
+    first = storage_order[0]
     if get_worker_info() is not None:
-        first = storage_order[0]
-        shared = first.untyped_storage()._new_shared(len(clips) * first.numel() * first.element_size())
-        out = first.new_empty(0).set_(shared).view(len(clips), *first.shape)
-    return torch.stack(storage_order, out=out).permute(0, 4, 1, 2, 3)
+        shared = first.untyped_storage()._new_shared(math.prod(shape) * first.element_size())
+        out = first.new_empty(0).set_(shared).view(shape)
+    else:
+        out = first.new_empty(shape)
+    for slot, clip in zip(out, storage_order, strict=True):
+        height, width = clip.shape[1:3]
+        slot[:, :height, :width].copy_(clip)
+        slot[:, height:].zero_()  # the padding is never read, but batches stay comparable
+        slot[:, :height, width:].zero_()
+    return out.permute(0, 4, 1, 2, 3)
 
 
 def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Stack good items; bad ones only add (path, reason) to 'bad'. An all-bad batch has 0-length tensors.
-    'fallback' lists (path, reason) of the clips DECODER auto read with torchcodec."""
+    'crops' holds each clip's transforms.CropPlan (region side, crop size, flip), what ClipNormalizer needs to make
+    the crops. 'fallback' lists (path, reason) of the clips DECODER auto read with torchcodec."""
     good = [item for item in items if "bad" not in item]
     batch: dict[str, Any] = {
         "video": stack_clips([item["video"] for item in good]) if good else torch.empty(0),
+        "crops": [(item["video"].shape[-1], *item["crop"]) for item in good],
         "label": torch.tensor([item["label"] for item in good], dtype=torch.long),
         "index": torch.tensor([item["index"] for item in good], dtype=torch.long),
         "bad": [item["bad"] for item in items if "bad" in item],
