@@ -4,7 +4,8 @@ off and on, measured in the same run.
     .venv/bin/python -m bench.gpu_step [--steps 30] [--batch 8] [--workers 8] [--videos DIR]
 
 Clips as configs/slowfast.yaml trains them (32 frames at stride 2, 224 px crops), batch 8, through the trainer's own
-loader (uint8 clips, pinned, normalised on the GPU), model and step: SGD, DDP-free (one process). Rows: the plain
+loader (uint8 regions, pinned; crops made and normalised on the GPU, inside the measured step), model and step: SGD,
+DDP-free (one process). Rows: the plain
 float32 step; then AMP auto (bf16 where the GPU has it), channels_last_3d, cudnn.benchmark; then the same with
 torch.compile. Data: Kinetics-like videos made here (bench/decoders.py) unless --videos names a folder of .mp4
 files. Needs CUDA: on a machine without a GPU it says so and exits 0 (python -m bench shows it as skipped).
@@ -62,7 +63,8 @@ def measure(cfg: Config, steps: int) -> dict[str, Any]:
         batch = next(batches)
         waited += time.perf_counter() - tick
         with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-            loss = criterion(model(normalizer(batch["video"])), batch["label"].to(ctx.device, non_blocking=True))
+            clips = normalizer(batch["video"], batch["crops"])  # crops made on the GPU, part of the step
+            loss = criterion(model(clips), batch["label"].to(ctx.device, non_blocking=True))
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
