@@ -14,7 +14,10 @@ The CONFIG.TRAIN keys, and what they do where:
 DDP always uses ``gradient_as_bucket_view`` (gradients live in the all-reduce buckets: no copy, less memory) and
 ``static_graph`` (DDP records the first iteration's graph and skips the per-iteration search for unused parameters)
 unless some parameters may go unused in a forward (FIND_UNUSED_PARAMETERS, or a model that says so) or gradients
-accumulate (ACCUM_STEPS > 1: DDP's static graph does not support ``no_sync``).
+accumulate (ACCUM_STEPS > 1: DDP's static graph does not support ``no_sync``). It does not broadcast rank 0's
+buffers (BatchNorm running statistics) before every forward, a collective per step: training never reads them, and
+the trainer broadcasts them once after each epoch (distributed.broadcast_buffers), before anything does; rank 0's
+statistics evolve the same either way, so the result is the same.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
             static_graph=not find_unused and train.ACCUM_STEPS == 1,
             gradient_as_bucket_view=True,
             bucket_cap_mb=train.DDP_BUCKET_CAP_MB,
+            broadcast_buffers=False,  # rank 0's BatchNorm statistics reach every rank after each epoch instead
         )
     return torch.compile(model) if train.COMPILE else model
 
