@@ -84,7 +84,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
             static_graph=not find_unused and train.ACCUM_STEPS == 1,
             gradient_as_bucket_view=True,
             bucket_cap_mb=train.DDP_BUCKET_CAP_MB,
-            broadcast_buffers=False,  # rank 0's BatchNorm statistics reach every rank after each epoch instead
+            forward_sync_buffers=False,  # rank 0's BatchNorm statistics reach every rank after each epoch instead
         )
     return torch.compile(model) if train.COMPILE else model
 
