@@ -111,12 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows: list[Row] = []
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     for name in args.only:
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         rows += SECTIONS[name](args.quick)
     print(table(rows))
-    print(f"\n{os.cpu_count()} CPU cores, {'quick' if args.quick else 'full'} run, {time.perf_counter() - start:.0f} s")
+    print(f"\n{os.cpu_count()} CPU cores (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after: other "
+          f"work on the machine), {'quick' if args.quick else 'full'} run, {time.perf_counter() - start:.0f} s")
     return 0
 
 
