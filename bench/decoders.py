@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,18 +57,14 @@ def torchcodec_approximate(path: str, sample: Sampler) -> torch.Tensor:
     return read_frames(reader, sample(len(reader)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--videos", type=int, default=3, help="distinct 10 s videos")
-    parser.add_argument("--clips", type=int, default=60, help="clips per round, spread over the videos")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds over the clips")
-    args = parser.parse_args()
+def measure(videos: int, clips_per_round: int, rounds: int) -> dict[str, Any]:
+    """clips/s of each way to decode, the frames' distance between decord and torchcodec, the videos' size."""
     torch.set_num_threads(1)  # as in a DataLoader worker
     with tempfile.TemporaryDirectory() as tmp:
-        paths = [str(Path(tmp) / f"kinetics_like_{i}.mp4") for i in range(args.videos)]
+        paths = [str(Path(tmp) / f"kinetics_like_{i}.mp4") for i in range(videos)]
         for seed, path in enumerate(paths):
             make_video(Path(path), seed)
-        starts = np.random.default_rng(0).random(args.clips)  # where each clip sits in its video, as in training
+        starts = np.random.default_rng(0).random(clips_per_round)  # where each clip sits in its video
         clips: list[tuple[str, Sampler]] = [
             (paths[i % len(paths)], lambda n, at=at: clip_indices(n, CLIP_LEN, STRIDE, 1, np.array([at])))
             for i, at in enumerate(starts)
@@ -80,24 +77,34 @@ def main() -> None:
         for method in methods.values():  # warm-up: codec initialisation, page cache
             method(*clips[0])
         seconds = dict.fromkeys(methods, 0.0)
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for path, sample in clips:
                 for name, method in methods.items():
                     start = time.perf_counter()
                     method(path, sample)
                     seconds[name] += time.perf_counter() - start
-        rates = {name: args.rounds * len(clips) / total for name, total in seconds.items()}
         ours = [methods["decord"](*clip).int() for clip in clips[:10]]
         theirs = [methods["torchcodec (exact seeks, the dataset's)"](*clip).int() for clip in clips[:10]]
         diff = torch.cat([(a - b).abs().flatten() for a, b in zip(ours, theirs, strict=True)]).float()
         size_kb = sum(Path(p).stat().st_size for p in paths) / len(paths) / 1024
+    return {"rates": {name: rounds * len(clips) / total for name, total in seconds.items()},
+            "max_diff": int(diff.max()), "mean_diff": diff.mean().item(), "size_kb": size_kb}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--videos", type=int, default=3, help="distinct 10 s videos")
+    parser.add_argument("--clips", type=int, default=60, help="clips per round, spread over the videos")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds over the clips")
+    args = parser.parse_args()
+    result = measure(args.videos, args.clips, args.rounds)
     print(f"{CLIP_LEN}-frame clips at stride {STRIDE} from {args.videos} {WIDTH}x{HEIGHT} H.264 videos "
-          f"({SECONDS} s, {FPS} fps, key frame every second, {size_kb:.0f} KiB each), {args.clips} clips x "
+          f"({SECONDS} s, {FPS} fps, key frame every second, {result['size_kb']:.0f} KiB each), {args.clips} clips x "
           f"{args.rounds} rounds, interleaved")
-    base = rates["decord"]
-    for name, rate in rates.items():
+    base = result["rates"]["decord"]
+    for name, rate in result["rates"].items():
         print(f"  {name:<40} {rate:7.1f} clips/s   {rate / base:.2f}x decord")
-    print(f"  frames decord vs torchcodec: max |diff| {int(diff.max())}, mean {diff.mean():.3f} levels")
+    print(f"  frames decord vs torchcodec: max |diff| {result['max_diff']}, mean {result['mean_diff']:.3f} levels")
 
 
 if __name__ == "__main__":

@@ -99,9 +99,6 @@ def _only(inert: Any, reason: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-NotSupported = Annotated[bool, _only(False, "multigrid training is not supported; set it to False")]
-
-
 class DDPConfig(_Section):
     AUTO_RANK_MATCH: bool = Field(
         True, description="Find this node's WORLD_RANK by matching its addresses to WOLRD_URLS."
@@ -205,13 +202,38 @@ def _topology_problem(ddp: DDPConfig) -> tuple[str, str] | None:
 
 
 class MultigridConfig(_Section):
-    USE_LONG_CYCLE: NotSupported = Field(False, description="GluonCV multigrid long cycle; not supported, keep False.")
-    USE_SHORT_CYCLE: NotSupported = Field(
-        False, description="GluonCV multigrid short cycle; not supported, keep False."
+    USE_LONG_CYCLE: bool = Field(
+        False,
+        description="Multigrid long cycle: epoch stages of (T/2, S/sqrt2) at 4x the batch, (T/2, S) at 2x, then "
+        "(T, S), the LR scaled with the batch (trainer/data/multigrid.py).",
     )
-    LONG_CYCLE_EPOCH: Annotated[list[int], _only([10, 20, 30], "multigrid training is not supported; remove it")] = (
-        Field(default_factory=lambda: [10, 20, 30], description="Multigrid long-cycle epochs; only the default loads.")
+    USE_SHORT_CYCLE: bool = Field(
+        False, description="Multigrid short cycle: iterations at crops S/2 (4x batch), S/sqrt2 (2x), S, in turn."
     )
+    LONG_CYCLE_EPOCH: list[int] = Field(
+        default_factory=lambda: [10, 20, 30],
+        description="Epochs (0-based) after which the long cycle moves to its next stage, wrapping around after the "
+        "last as GluonCV does; the last epoch must train at the full shape.",
+    )
+
+
+def _multigrid_problem(train: TrainConfig) -> tuple[str, str] | None:
+    multigrid = train.MULTIGRID
+    if not multigrid.USE_LONG_CYCLE:
+        if _changed(multigrid, "LONG_CYCLE_EPOCH"):
+            return "MULTIGRID.LONG_CYCLE_EPOCH", "only USE_LONG_CYCLE: True uses it; remove it or set USE_LONG_CYCLE"
+        return None
+    epochs = multigrid.LONG_CYCLE_EPOCH
+    if not epochs or epochs != sorted(set(epochs)) or epochs[0] < 0:
+        return "MULTIGRID.LONG_CYCLE_EPOCH", f"is {epochs}; list increasing epochs (0-based), at least one"
+    last_stage = sum(m < train.EPOCH_NUM - 1 for m in epochs) % 3
+    if last_stage != 2:
+        return "MULTIGRID.LONG_CYCLE_EPOCH", (
+            f"is {epochs}: with EPOCH_NUM {train.EPOCH_NUM} the last epoch would train at long-cycle stage "
+            f"{last_stage} of 0-2 (the stages wrap around, as GluonCV's), not at the full shape; list 2 (or 5, 8, ...) "
+            "epochs before the last, e.g. [EPOCH_NUM // 4, EPOCH_NUM // 2]"
+        )
+    return None
 
 
 def _lr_policy(value: str) -> str:
@@ -266,7 +288,21 @@ class TrainConfig(_Section):
     MULTIGRID: MultigridConfig = Field(default_factory=MultigridConfig, description="GluonCV multigrid settings.")
     OPTIMIZER: Literal["SGD", "AdamW"] = Field("SGD", description="Optimizer: SGD (momentum) or AdamW.")
     NESTEROV: bool = Field(False, description="Use Nesterov momentum with SGD.")
-    AMP: Literal["off", "bf16", "fp16"] = Field("off", description="Mixed precision on CUDA (fp16 adds a grad scaler).")
+    AMP: Literal["auto", "off", "bf16", "fp16"] = Field(
+        "auto",
+        description="Mixed precision on CUDA: auto = bf16 where the GPU supports it (Ampere and newer), else off; "
+        "fp16 adds a grad scaler. CPUs always train in float32.",
+    )
+    CHANNELS_LAST: bool = Field(
+        False, description="Model and clips in channels_last_3d memory order (faster 3D convs on recent GPUs)."
+    )
+    COMPILE: bool = Field(False, description="torch.compile the training model (the first steps compile).")
+    CUDNN_BENCHMARK: bool = Field(
+        True, description="Let cuDNN time its convolution algorithms per input shape and keep the fastest (CUDA)."
+    )
+    DDP_BUCKET_CAP_MB: int = Field(
+        25, ge=1, description="Gradient bucket size of DDP's all-reduce, in MiB (torch's default 25)."
+    )
     CLIP_GRAD_NORM: float = Field(0.0, ge=0, description="Clip the global gradient norm to this value; 0 turns it off.")
     ACCUM_STEPS: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (no_sync in between).")
     LABEL_SMOOTHING: float = Field(0.0, ge=0, lt=1, description="Label smoothing of the cross-entropy loss.")
@@ -299,7 +335,7 @@ class TrainConfig(_Section):
     )
 
     def _problem(self) -> tuple[str, str] | None:
-        return _inert_train_key(self)
+        return _inert_train_key(self) or _multigrid_problem(self)
 
 
 def _changed(section: BaseModel, key: str) -> bool:
@@ -372,7 +408,14 @@ class DataConfig(_Section):
     NEW_HEIGHT: int = Field(256, ge=1, description="Frame height after resizing when not keeping the aspect ratio.")
     NEW_WIDTH: int = Field(340, ge=1, description="Frame width after resizing when not keeping the aspect ratio.")
     NUM_WORKERS: int = Field(0, ge=0, description="DataLoader worker processes per training process.")
-    MULTIGRID: NotSupported = Field(False, description="GluonCV multigrid sampler; not supported, keep False.")
+    PREFETCH_FACTOR: int = Field(
+        2, ge=1, description="Batches each DataLoader worker keeps ready (needs NUM_WORKERS > 0)."
+    )
+    MULTIGRID: bool = Field(
+        False,
+        description="GluonCV's multigrid dataset switch: True needs TRAIN.MULTIGRID.USE_SHORT_CYCLE or "
+        "USE_LONG_CYCLE, which alone decide the grids.",
+    )
     CLASS_INDEX: UserPath = Field("", description="Optional file with one class name per line, in label order.")
     RANDOM_FLIP: bool = Field(
         True, description="Random horizontal flip in training; turn off when left/right motion defines the class."
@@ -432,6 +475,8 @@ class DataConfig(_Section):
         return data
 
     def _problem(self) -> tuple[str, str] | None:
+        if self.NUM_WORKERS == 0 and _changed(self, "PREFETCH_FACTOR"):
+            return "PREFETCH_FACTOR", "only DataLoader workers prefetch; set NUM_WORKERS > 0 or remove it"
         if self.TEST_CROP_SIZE > self.SHORT_SIDE_SIZE:
             return "TEST_CROP_SIZE", (
                 f"is {self.TEST_CROP_SIZE}, larger than SHORT_SIDE_SIZE {self.SHORT_SIDE_SIZE}, so test crops would "
@@ -603,6 +648,11 @@ class TrainingConfig(_Section):
 def _training_problem(cfg: TrainingConfig) -> tuple[str, str] | None:
     """Problems across sections: a recipe's fixed meanings, and BatchNorm settings that leave nothing to act on."""
     train, model = cfg.TRAIN, cfg.MODEL
+    if cfg.DATA.MULTIGRID and not (train.MULTIGRID.USE_SHORT_CYCLE or train.MULTIGRID.USE_LONG_CYCLE):
+        return "DATA.MULTIGRID", (
+            "is True but no multigrid cycle is on; set TRAIN.MULTIGRID.USE_SHORT_CYCLE and/or USE_LONG_CYCLE "
+            "(DATA.MULTIGRID alone changes nothing, in GluonCV too)"
+        )
     if cfg.RECIPE == "gluoncv" and train.WARMUP_START_LR != 0:
         return "TRAIN.WARMUP_START_LR", (
             "RECIPE gluoncv warms up from 0 (GluonCV's GradualWarmupScheduler); set RECIPE: pyslowfast to start the "

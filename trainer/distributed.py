@@ -435,8 +435,8 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Copy rank ``src``'s buffers (BatchNorm running stats) to every rank, in place.
 
-    DDP broadcasts buffers at the start of each forward, so after the last training step every rank still holds the
-    statistics of its own last batch; evaluation and the final weights need rank 0's."""
+    Each rank's running statistics follow its own batches during an epoch (DDP is told not to broadcast them before
+    every forward: accel.wrap_ddp); evaluation and the final weights need rank 0's."""
     if _active():
         for buffer in module.buffers():
             dist.broadcast(buffer, src=src)

@@ -2,6 +2,10 @@
 
 Every rank runs every loop; statistics are sums (loss, correct, count) reduced with one all-reduce, so a
 2-process evaluation reports exactly what a 1-process one does (the eval shard does not pad).
+
+Loaders hand over uint8 clips; each loop turns them into model input on its device (accel.clip_normalizer: a
+non-blocking copy from pinned memory, then conversion and normalisation there). The training step never waits for
+the device: loss and top-1 are summed on it and read once per LOG.DISPLAY_FREQ iterations (and at the epoch's end).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.accel import autocast, clip_normalizer, ddp_module
 from trainer.config import Config
+from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum
 from trainer.reporting import Reporter, progress
 
@@ -34,13 +40,6 @@ class TrainState:
     bad_videos: list[tuple[str, str]] = field(default_factory=list)
     fallback_videos: list[tuple[str, str]] = field(default_factory=list)  # DECODER auto: read with torchcodec
     fallback_reported: set[str] = field(default_factory=set)  # named in the log already (once per video)
-
-
-def autocast(ctx: DistContext, amp: str) -> contextlib.AbstractContextManager[Any]:
-    """bf16/fp16 autocast on CUDA; full precision elsewhere (CPU autocast buys nothing for 3D convs here)."""
-    if ctx.device.type != "cuda" or amp == "off":
-        return contextlib.nullcontext()
-    return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
@@ -61,33 +60,37 @@ def _micro_batches(
 ) -> Iterator[tuple[dict[str, Any], bool, contextlib.AbstractContextManager[Any]]]:
     """Yield (batch, is_last_micro_batch, grad-sync context): gradients all-reduce only on the last one."""
     total = len(loader)
+    ddp = ddp_module(model)
     for i, batch in enumerate(progress(ctx, loader, total, desc)):
         last = (i + 1) % accum == 0 or i + 1 == total
         # Per the DDP docs, the forward must run inside no_sync() too, not just the backward.
-        sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
+        sync = ddp.no_sync() if isinstance(ddp, DistributedDataParallel) and not last else contextlib.nullcontext()
         yield batch, last, sync
 
 
-def _placeholder_input(cfg: Config, device: torch.device) -> torch.Tensor:
+def _placeholder_input(cfg: Config, normalizer: ClipNormalizer) -> torch.Tensor:
     data = cfg.CONFIG.DATA
-    return torch.zeros(1, 3, data.CLIP_LEN * data.NUM_SEGMENT, data.CROP_SIZE, data.CROP_SIZE, device=device)
+    return normalizer(torch.zeros(1, 3, data.CLIP_LEN * data.NUM_SEGMENT, data.CROP_SIZE, data.CROP_SIZE,
+                                  dtype=torch.uint8))
 
 
 def _forward_loss(
-    model: nn.Module, batch: dict[str, Any], criterion: nn.Module, cfg: Config, ctx: DistContext
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Loss of a batch. A batch whose every video was bad still runs a zero-loss forward/backward: DDP needs each
-    rank to take part in every gradient all-reduce, or the others would wait forever."""
+    model: nn.Module, batch: dict[str, Any], criterion: nn.Module, cfg: Config, ctx: DistContext,
+    normalizer: ClipNormalizer,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(loss, logits, labels on the device) of a batch. A batch whose every video was bad still runs a zero-loss
+    forward/backward: DDP needs each rank to take part in every gradient all-reduce, or the others would wait
+    forever."""
     if len(batch["label"]) == 0:
         model.eval()  # keep BatchNorm running stats clean of the placeholder
-        loss = model(_placeholder_input(cfg, ctx.device)).sum() * 0.0
+        loss = model(_placeholder_input(cfg, normalizer)).sum() * 0.0
         model.train()
-        return loss, None
-    video = batch["video"].to(ctx.device, non_blocking=True)
+        return loss, None, None
+    video = normalizer(batch["video"], batch.get("crops"))
     labels = batch["label"].to(ctx.device, non_blocking=True)
     with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
         logits = model(video)
-        return criterion(logits, labels), logits
+        return criterion(logits, labels), logits, labels
 
 
 def train_one_epoch(
@@ -96,34 +99,37 @@ def train_one_epoch(
     train = cfg.CONFIG.TRAIN
     model.train()
     criterion = nn.CrossEntropyLoss(label_smoothing=train.LABEL_SMOOTHING)
-    stats = torch.zeros(3, device=ctx.device, dtype=torch.float64)  # loss sum, top-1 correct, clips
+    normalizer = clip_normalizer(cfg, ctx)
+    sums = torch.zeros(2, device=ctx.device, dtype=torch.float64)  # loss sum, top-1 correct: on the device
+    clips = 0  # known on the host
     state.optimizer.zero_grad(set_to_none=True)
     for batch, last, sync in _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}"):
         state.bad_videos.extend(batch["bad"])
         state.fallback_videos.extend(batch["fallback"])
         with sync:
-            loss, logits = _forward_loss(model, batch, criterion, cfg, ctx)
+            loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer)
             state.scaler.scale(loss / train.ACCUM_STEPS).backward()
         if logits is not None:
-            n = len(batch["label"])
-            labels = batch["label"].to(ctx.device)
-            stats += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double(),
-                                  torch.tensor(n, device=ctx.device, dtype=torch.float64)])
+            n = len(labels)
+            sums += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double()])
+            clips += n
         if last:
             lr = state.optimizer.param_groups[0]["lr"]  # the LR this step used (the scheduler moves on below)
             _optimizer_step(model, state, train.CLIP_GRAD_NORM)
             reporter.update_status(state="running", step=state.step, lr=state.scheduler.get_last_lr()[0])
             if ctx.is_main and state.step % cfg.CONFIG.LOG.DISPLAY_FREQ == 0:
-                _display(reporter, state.step, epoch, lr, stats)
+                _display(reporter, state.step, epoch, lr, sums, clips)  # the one wait for the device
+    stats = torch.cat([sums, torch.tensor([clips], device=ctx.device, dtype=torch.float64)])
     all_reduce_sum(stats)
     count = max(stats[2].item(), 1.0)
     return {"train_loss": stats[0].item() / count, "train_top1": 100.0 * stats[1].item() / count}
 
 
-def _display(reporter: Reporter, step: int, epoch: int, lr: float, stats: torch.Tensor) -> None:
+def _display(reporter: Reporter, step: int, epoch: int, lr: float, sums: torch.Tensor, clips: int) -> None:
     """GluonCV's every-DISPLAY_FREQ-iterations report: lr and rank 0's running loss and top-1 this epoch."""
-    count = max(stats[2].item(), 1.0)
-    loss, top1 = stats[0].item() / count, 100.0 * stats[1].item() / count
+    loss_sum, correct = sums.tolist()
+    count = max(clips, 1)
+    loss, top1 = loss_sum / count, 100.0 * correct / count
     log.info("epoch %d iteration %d: lr %.6g loss %.4f top-1 %.2f%%", epoch + 1, step, lr, loss, top1)
     for tag, value in (("lr", lr), ("loss", loss), ("top1", top1)):
         reporter.scalar(f"iteration/{tag}", value, step)
@@ -146,14 +152,15 @@ def _eval_logits(
 ) -> Iterator[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]:
     """(batch, labels, float logits) of every batch with at least one good video; bad videos go into ``bad``, the
     ones DECODER auto read with torchcodec into ``fallback``."""
+    normalizer = clip_normalizer(cfg, ctx)
     for batch in progress(ctx, loader, len(loader), desc):
         bad.extend(batch["bad"])
         fallback.extend(batch["fallback"])
         if len(batch["label"]) == 0:
             continue
         with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-            logits = model(batch["video"].to(ctx.device)).float()
-        yield batch, batch["label"].to(ctx.device), logits
+            logits = model(normalizer(batch["video"], batch.get("crops"))).float()
+        yield batch, batch["label"].to(ctx.device, non_blocking=True), logits
 
 
 @torch.no_grad()

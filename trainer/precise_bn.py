@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from trainer.accel import autocast, clip_normalizer
 from trainer.config import Config
 from trainer.distributed import DistContext, all_reduce_sum
-from trainer.engine import autocast
 
 
 def _live_batchnorms(model: nn.Module) -> list[_BatchNorm]:
@@ -42,6 +42,7 @@ def update_precise_bn(model: nn.Module, loader: Any, ctx: DistContext, cfg: Conf
     momenta = [bn.momentum for bn in batchnorms]
     sums = torch.zeros(sum(2 * bn.num_features for bn in batchnorms) + 1, dtype=torch.float64, device=ctx.device)
     was_training = model.training
+    normalizer = clip_normalizer(cfg, ctx)
     model.train()
     for bn in batchnorms:
         bn.momentum = 1.0  # a forward sets the running statistics to exactly this batch's
@@ -52,7 +53,7 @@ def update_precise_bn(model: nn.Module, loader: Any, ctx: DistContext, cfg: Conf
             if _any_rank_empty(batch, ctx):
                 continue
             with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-                model(batch["video"].to(ctx.device, non_blocking=True))
+                model(normalizer(batch["video"], batch.get("crops")))
             stats = [t.double() for bn in batchnorms for t in (bn.running_mean, bn.running_var)]
             sums += torch.cat([*stats, torch.ones(1, dtype=torch.float64, device=ctx.device)])
     finally:

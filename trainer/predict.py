@@ -22,6 +22,8 @@ from trainer import checkpoint
 from trainer.config import Config
 from trainer.data.annotations import VideoRecord
 from trainer.data.dataset import ClipSpec, VideoClipDataset
+from trainer.data.loader import collate_clips
+from trainer.data.transforms import ClipNormalizer
 from trainer.errors import UserError, reading_checkpoint, report_user_errors
 from trainer.models import build_model
 from trainer.train import load_cli_config
@@ -36,8 +38,9 @@ def predict(model: nn.Module, spec: ClipSpec, video: Path) -> torch.Tensor:
     clips = [views[i] for i in range(len(views))]
     if "bad" in clips[0]:
         raise UserError(f"cannot read {video}: {clips[0]['bad'][1]}")
-    device = next(model.parameters()).device  # clips are where DECODER_DEVICE decoded them
-    return model(torch.stack([clip["video"] for clip in clips]).to(device)).softmax(dim=1).mean(dim=0)
+    batch = collate_clips(clips)
+    normalizer = ClipNormalizer(spec.mean, spec.std, next(model.parameters()).device)  # from DECODER_DEVICE's
+    return model(normalizer(batch["video"], batch["crops"])).softmax(dim=1).mean(dim=0)
 
 
 def settings(trained: WeightsFile, cfg: Config | None) -> tuple[str, int, ClipSpec, list[str]]:

@@ -10,18 +10,25 @@
 The schedule is a pure function of the optimizer step, wrapped in a ``LambdaLR`` that is stepped once per optimizer
 step; its state (the step counter) is saved in checkpoints, so a resumed run continues exactly where an
 uninterrupted one would be. The classifier head's parameter group runs at LR x TRAIN.HEAD_LR_MULT throughout.
+
+Epochs may differ in steps (multigrid's long cycle trains some epochs at larger batches): an ``EpochClock`` turns a
+step into its (fractional) epoch, in which both recipes' schedules are defined, and a long-cycle stage multiplies
+the LR by its batch factor (trainer/data/multigrid.py).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from trainer.config import Config, TrainConfig
+from trainer.data.multigrid import MultigridSchedule
 from trainer.model_setup import head_parameter_names
 
 
@@ -61,7 +68,25 @@ def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Opt
     return torch.optim.SGD(groups, lr=lr, momentum=train.MOMENTUM, nesterov=train.NESTEROV)
 
 
-def _gluoncv_factor(train: TrainConfig, steps_per_epoch: int) -> Callable[[int], float]:
+class EpochClock:
+    """Where an optimizer step falls in the run: epoch e has steps_per_epoch[e] steps (past the last epoch, steps
+    count on at the last epoch's rate)."""
+
+    def __init__(self, steps_per_epoch: Sequence[int]) -> None:
+        self.steps = [max(1, n) for n in steps_per_epoch]
+        self.starts = list(itertools.accumulate(self.steps, initial=0))
+
+    def epoch(self, step: int) -> int:
+        """The 0-based epoch a step belongs to."""
+        return min(bisect.bisect_right(self.starts, step) - 1, len(self.steps) - 1)
+
+    def fractional(self, step: int) -> float:
+        """Epochs done when ``step`` starts: its epoch plus the fraction of that epoch's steps before it."""
+        epoch = self.epoch(step)
+        return epoch + (step - self.starts[epoch]) / self.steps[epoch]
+
+
+def _gluoncv_factor(train: TrainConfig, clock: EpochClock) -> Callable[[int], float]:
     """GluonCV steps its scheduler once per epoch. GradualWarmupScheduler(multiplier=1) gives epoch e <= W the LR
     LR * e / W (epoch 0 trains at 0); then the after-scheduler starts at its own step 0 in epoch W + 1:
     CosineAnnealingLR(T_max = EPOCH_NUM - WARMUP_EPOCHS) or MultiStepLR(LR_MILESTONE, STEP)."""
@@ -69,7 +94,7 @@ def _gluoncv_factor(train: TrainConfig, steps_per_epoch: int) -> Callable[[int],
     span = train.EPOCH_NUM - train.WARMUP_EPOCHS
 
     def factor(step: int) -> float:
-        epoch = step // steps_per_epoch
+        epoch = clock.epoch(step)
         if train.USE_WARMUP and epoch <= warmup:
             return epoch / warmup
         after = epoch - warmup - 1 if train.USE_WARMUP else epoch
@@ -80,37 +105,42 @@ def _gluoncv_factor(train: TrainConfig, steps_per_epoch: int) -> Callable[[int],
     return factor
 
 
-def _pyslowfast_factor(train: TrainConfig, steps_per_epoch: int) -> Callable[[int], float]:
+def _pyslowfast_factor(train: TrainConfig, clock: EpochClock) -> Callable[[int], float]:
     """PySlowFast's get_lr_at_epoch at the fractional epoch: linear warmup from WARMUP_START_LR to where the policy
     is at WARMUP_EPOCHS, cosine over all EPOCH_NUM epochs (to 0), Step at LR_MILESTONE epochs. WARMUP_START_LR
     scales with LR under SCALE_LR, as PySlowFast scales both with the number of shards."""
-    total = max(1, train.EPOCH_NUM * steps_per_epoch)
-    warmup = train.WARMUP_EPOCHS * steps_per_epoch if train.USE_WARMUP else 0
+    warmup = train.WARMUP_EPOCHS if train.USE_WARMUP else 0
     start = train.WARMUP_START_LR / train.LR
 
-    def policy(step: int) -> float:
+    def policy(epoch: float) -> float:
         if train.LR_POLICY == "Cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
-        epoch = step / steps_per_epoch
+            return 0.5 * (1.0 + math.cos(math.pi * min(epoch, train.EPOCH_NUM) / train.EPOCH_NUM))
         return train.STEP ** sum(epoch >= milestone for milestone in train.LR_MILESTONE)
 
     def factor(step: int) -> float:
-        if step < warmup:
-            alpha = step / warmup
-            return start + alpha * (policy(warmup) - start)
-        return policy(step)
+        epoch = clock.fractional(step)
+        if epoch < warmup:
+            return start + epoch / warmup * (policy(warmup) - start)
+        return policy(epoch)
 
     return factor
 
 
-def lr_factor(cfg: Config, steps_per_epoch: int) -> Callable[[int], float]:
-    """Multiplier of each group's LR at a given optimizer step, as CONFIG.RECIPE's source computes it."""
-    if cfg.CONFIG.RECIPE == "gluoncv":
-        return _gluoncv_factor(cfg.CONFIG.TRAIN, steps_per_epoch)
-    return _pyslowfast_factor(cfg.CONFIG.TRAIN, steps_per_epoch)
+def lr_factor(cfg: Config, steps_per_epoch: int | Sequence[int]) -> Callable[[int], float]:
+    """Multiplier of each group's LR at a given optimizer step, as CONFIG.RECIPE's source computes it, times the
+    multigrid long cycle's batch factor. ``steps_per_epoch``: one count for every epoch, or each epoch's."""
+    if isinstance(steps_per_epoch, int):
+        steps_per_epoch = [steps_per_epoch] * cfg.CONFIG.TRAIN.EPOCH_NUM
+    clock = EpochClock(steps_per_epoch)
+    recipe = _gluoncv_factor if cfg.CONFIG.RECIPE == "gluoncv" else _pyslowfast_factor
+    factor = recipe(cfg.CONFIG.TRAIN, clock)
+    multigrid = MultigridSchedule.from_config(cfg)
+    if multigrid is None or not multigrid.long_cycle:
+        return factor
+    return lambda step: factor(step) * multigrid.lr_scale(clock.epoch(step))
 
 
 def build_scheduler(
-    cfg: Config, optimizer: torch.optim.Optimizer, steps_per_epoch: int
+    cfg: Config, optimizer: torch.optim.Optimizer, steps_per_epoch: int | Sequence[int]
 ) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps_per_epoch))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainer import checkpoint
+from trainer.accel import configure_backends, prepare_model
 from trainer.config import Config, run_dir
 from trainer.data import build_dataset, build_loader
 from trainer.distributed import DistContext, add_launcher_args, launch
@@ -43,7 +44,8 @@ def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
     recorded = trained.inference.get("clip")
     if recorded and not data.MEAN:  # normalisation left to the weights: what the model was trained with
         data.MEAN, data.STD = recorded["mean"], recorded["std"]
-    model.to(ctx.device)
+    configure_backends(cfg)
+    prepare_model(model.to(ctx.device), cfg)
     dataset = build_dataset(cfg, "test")
     num_views = data.TEST_NUM_SEGMENT * data.TEST_NUM_CROP
     num_videos = len(dataset) // num_views

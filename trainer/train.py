@@ -28,11 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from trainer import checkpoint
+from trainer.accel import configure_backends, prepare_model, wrap_ddp
 from trainer.config import Config, ConfigError, dump_config, load_config, run_dir
 from trainer.data import build_dataset, build_loader
+from trainer.data.loader import epoch_batches, set_loader_epoch
+from trainer.data.multigrid import MultigridSchedule
 from trainer.distributed import DistContext, add_launcher_args, all_gather_object, broadcast_buffers, launch
 from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.errors import reading_checkpoint, report_user_errors
@@ -76,6 +78,7 @@ class Run:
     raw_model: nn.Module  # the unwrapped module: evaluated, saved and loaded
     train_loader: object
     val_loader: object
+    precise_bn_loader: object  # the training loader, at the full grid under multigrid (what is evaluated)
     state: TrainState
     reporter: Reporter
     inference: dict[str, object]  # stored in every checkpoint (checkpoint.inference_info)
@@ -91,15 +94,7 @@ def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
     log.info("%s", apply_training_controls(model, cfg))  # after loading: frozen layers keep the loaded values
     if cfg.CONFIG.TRAIN.SYNC_BN and ctx.distributed:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return model.to(ctx.device)
-
-
-def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
-    if not ctx.distributed:
-        return model
-    find_unused = cfg.CONFIG.TRAIN.FIND_UNUSED_PARAMETERS or getattr(model, "needs_unused_parameters", False)
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused)
+    return prepare_model(model.to(ctx.device), cfg)
 
 
 def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, out: Path) -> None:
@@ -123,6 +118,7 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     train = cfg.CONFIG.TRAIN
     seed_everything(train.SEED)
+    configure_backends(cfg)
     ckpt_dir = out / cfg.CONFIG.LOG.SAVE_DIR
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +129,7 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     if len(train_loader) == 0:
         raise ConfigError(f"CONFIG.TRAIN.DROP_LAST: each rank has fewer training videos than BATCH_SIZE "
                           f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
-    steps_per_epoch = -(-len(train_loader) // train.ACCUM_STEPS)
+    epoch_steps = [-(-batches // train.ACCUM_STEPS) for batches in epoch_batches(train_loader, train.EPOCH_NUM)]
 
     model = build_train_model(cfg, ctx)
     with reading_checkpoint(f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"):
@@ -146,7 +142,7 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     lr = effective_lr(cfg, train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS)
     optimizer = build_optimizer(cfg, raw_model, lr)
     fp16 = ctx.device.type == "cuda" and train.AMP == "fp16"
-    state = TrainState(optimizer, build_scheduler(cfg, optimizer, steps_per_epoch),
+    state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps),
                        torch.amp.GradScaler(ctx.device.type, enabled=fp16))
     start_epoch, best_top1 = 0, -1.0
     if resume is not None:
@@ -156,11 +152,15 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
         start_epoch, best_top1, state.step = resume["epoch"], resume["best_top1"], resume["step"]
         log.info("resumed from %s at epoch %d", resume["path"], start_epoch)
 
+    steps_per_epoch = epoch_steps[min(start_epoch, train.EPOCH_NUM - 1)]
     log_startup(cfg, ctx, steps_per_epoch, lr, out)
     reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM)
     reporter.update_status(force=True, state="running", epoch=start_epoch, steps_per_epoch=steps_per_epoch)
     inference = checkpoint.inference_info(cfg, checkpoint.class_names(cfg))
-    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, state, reporter, inference)
+    precise_bn_loader = train_loader
+    if train.PRECISE_BN and MultigridSchedule.from_config(cfg) is not None:
+        precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False)
+    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter, inference)
     try:
         for epoch in range(start_epoch, train.EPOCH_NUM):
             best_top1 = run_epoch(run, epoch, best_top1)
@@ -175,9 +175,8 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     ctx, cfg, state = run.ctx, run.cfg, run.state
     train, log_cfg = cfg.CONFIG.TRAIN, cfg.CONFIG.LOG
     seed_everything(epoch_seed(cfg, epoch, ctx.rank))
-    sampler = getattr(run.train_loader, "sampler", None)
-    if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
+    for loader in (run.train_loader, run.precise_bn_loader):  # the same loader twice without a separate one
+        set_loader_epoch(loader, epoch)
     state.bad_videos.clear()
     state.fallback_videos.clear()
     metrics: dict[str, object] = {"lr": state.scheduler.get_last_lr()[0]}
@@ -190,7 +189,7 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     validate = done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM
     save = done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM
     if train.PRECISE_BN and (validate or save):  # as PySlowFast: before each evaluation and checkpoint
-        batches = update_precise_bn(run.raw_model, run.train_loader, ctx, cfg)
+        batches = update_precise_bn(run.raw_model, run.precise_bn_loader, ctx, cfg)
         log.info("precise BatchNorm statistics from %d batches over %d rank(s)", batches, ctx.world_size)
     if validate:
         val = evaluate(run.raw_model, run.val_loader, ctx, cfg)

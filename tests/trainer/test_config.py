@@ -269,7 +269,12 @@ WARMUP = ["CONFIG.TRAIN.USE_WARMUP", "true", "CONFIG.TRAIN.WARMUP_EPOCHS", "2"]
         (["CONFIG.INFERENCE.FEAT", "true"], "CONFIG.INFERENCE.FEAT: feature extraction"),
         (["CONFIG.MODEL.USE_AFFINE", "true"], "CONFIG.MODEL.USE_AFFINE: GluonCV's r2plus1d_v2 affine layers"),
         (["CONFIG.DATA.NUM_CROP", "3"], "CONFIG.DATA.NUM_CROP: multi-crop training is not provided"),
-        (["CONFIG.TRAIN.MULTIGRID.LONG_CYCLE_EPOCH", "[5]"], "CONFIG.TRAIN.MULTIGRID.LONG_CYCLE_EPOCH: multigrid"),
+        (["CONFIG.TRAIN.MULTIGRID.LONG_CYCLE_EPOCH", "[5]"],
+         "CONFIG.TRAIN.MULTIGRID.LONG_CYCLE_EPOCH: only USE_LONG_CYCLE: True uses it"),
+        (["CONFIG.TRAIN.MULTIGRID.USE_LONG_CYCLE", "true"],
+         "CONFIG.TRAIN.MULTIGRID.LONG_CYCLE_EPOCH: is [10, 20, 30]: with EPOCH_NUM 196 the last epoch would train at "
+         "long-cycle stage 0"),
+        (["CONFIG.DATA.PREFETCH_FACTOR", "4"], "CONFIG.DATA.PREFETCH_FACTOR: only DataLoader workers prefetch"),
         (["CONFIG.MODEL.NAME", "i3d_resnet50_v1_kinetics400"],
          "CONFIG.MODEL.PRETRAINED_BASE: GluonCV starts i3d_resnet50_v1_kinetics400 from ImageNet ResNet weights"),
         (["CONFIG.TRAIN.ADAM_EPS", "1e-8"], "CONFIG.TRAIN.ADAM_EPS: only OPTIMIZER: AdamW uses it"),
@@ -387,10 +392,10 @@ def test_unknown_key_names_it_and_the_nearest_valid_key(tmp_path: Path, text: st
         ("DDP_CONFIG:\n  WOLRD_URLS: 10.0.0.1\n", "DDP_CONFIG.WOLRD_URLS: Input should be a valid list"),
         ("DDP_CONFIG:\n  WOLRD_URLS: [1]\n", "DDP_CONFIG.WOLRD_URLS[0]: Input should be a valid string"),
         ("CONFIG:\n  TRAIN:\n    LR_POLICY: poly\n", "CONFIG.TRAIN.LR_POLICY: Input should be 'Step' or 'Cosine'"),
-        ("CONFIG:\n  TRAIN:\n    AMP: fp8\n", "CONFIG.TRAIN.AMP: Input should be 'off', 'bf16' or 'fp16'"),
+        ("CONFIG:\n  TRAIN:\n    AMP: fp8\n", "CONFIG.TRAIN.AMP: Input should be 'auto', 'off', 'bf16' or 'fp16'"),
         ("CONFIG:\n  DATA: 5\n", "CONFIG.DATA: Input should be a valid dictionary"),
         ("CONFIG:\n  TRAIN:\n    EPOCH_NUM: 0\n", "CONFIG.TRAIN.EPOCH_NUM: Input should be greater than or equal to 1"),
-        ("CONFIG:\n  DATA:\n    MULTIGRID: True\n", "CONFIG.DATA.MULTIGRID: multigrid training is not supported"),
+        ("CONFIG:\n  DATA:\n    MULTIGRID: True\n", "CONFIG.DATA.MULTIGRID: is True but no multigrid cycle is on"),
     ],
 )
 def test_wrong_type_names_the_key_and_expected_type(tmp_path: Path, text: str, expected: str) -> None:

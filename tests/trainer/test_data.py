@@ -17,7 +17,7 @@ from trainer.__main__ import main as trainer_cli
 from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
-from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, eval_crop, normalize, train_crop
 from trainer.distributed import DistContext
 
 SIZE, FRAMES = 32, 16
@@ -26,7 +26,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "CLIP_LEN": 4, "FRAME_RATE": 2, "NUM_SEGMENT": 1, "NUM_CROP": 1,
     "TEST_NUM_SEGMENT": 1, "TEST_NUM_CROP": 1, "TEST_CROP_SIZE": 24,
     "CROP_SIZE": 24, "SHORT_SIDE_SIZE": 32, "NEW_HEIGHT": 32, "NEW_WIDTH": 40, "KEEP_ASPECT_RATIO": False,
-    "NUM_WORKERS": 0, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
+    "NUM_WORKERS": 0, "PREFETCH_FACTOR": 2, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
     "DECODER": "decord", "DECODER_DEVICE": "cpu",
 }  # fmt: skip
 
@@ -39,7 +39,8 @@ def make_cfg(data: dict[str, Any], batch_size: int = 4, recipe: str = "gluoncv",
         CONFIG=SimpleNamespace(
             RECIPE=recipe,
             DATA=SimpleNamespace(**{**DATA_DEFAULTS, **data, **overrides}),
-            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3, DROP_LAST=False),
+            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3, DROP_LAST=False,
+                                  MULTIGRID=SimpleNamespace(USE_SHORT_CYCLE=False, USE_LONG_CYCLE=False)),
             VAL=SimpleNamespace(BATCH_SIZE=batch_size),
         )
     )
@@ -225,8 +226,8 @@ def test_short_videos_are_padded_with_their_last_frame() -> None:
 def test_transforms_output_shape_and_imagenet_normalisation() -> None:
     frames = np.full((5, 30, 50, 3), 128, dtype=np.uint8)
     expected = (128 / 255 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD)
-    train = train_transform(frames, 24, 30, (1.0, 1.25), True, np.random.default_rng(0))
-    val = eval_transform(frames, 24, 30)
+    train = normalize(train_crop(frames, 24, 30, (1.0, 1.25), True, np.random.default_rng(0)))
+    val = normalize(eval_crop(frames, 24, 30))
     for video in (train, val):
         assert video.shape == (3, 5, 24, 24) and video.dtype == torch.float32
         torch.testing.assert_close(video.mean(dim=(1, 2, 3)), expected)
@@ -234,13 +235,13 @@ def test_transforms_output_shape_and_imagenet_normalisation() -> None:
 
 def test_test_crops_go_left_centre_right_and_flip_is_a_switch() -> None:
     ramp = np.broadcast_to(np.arange(60, dtype=np.uint8)[None, None, :, None] * 4, (2, 20, 60, 3)).copy()
-    crops = [eval_transform(ramp, 20, 20, position)[0].mean().item() for position in (0.0, 0.5, 1.0)]
+    crops = [normalize(eval_crop(ramp, 20, 20, position))[0].mean().item() for position in (0.0, 0.5, 1.0)]
     assert crops[0] < crops[1] < crops[2]
     left_to_right = [
-        train_transform(ramp, 20, 20, (1.0, 1.0), False, np.random.default_rng(s)) for s in range(8)
+        normalize(train_crop(ramp, 20, 20, (1.0, 1.0), False, np.random.default_rng(s))) for s in range(8)
     ]
     assert all(bool((v[0, 0, 0, 1:] > v[0, 0, 0, :-1]).all()) for v in left_to_right)
-    flipped = [train_transform(ramp, 20, 20, (1.0, 1.0), True, np.random.default_rng(s)) for s in range(8)]
+    flipped = [normalize(train_crop(ramp, 20, 20, (1.0, 1.0), True, np.random.default_rng(s))) for s in range(8)]
     assert any(bool((v[0, 0, 0, 1:] < v[0, 0, 0, :-1]).all()) for v in flipped)
 
 
@@ -274,7 +275,8 @@ def test_multi_segment_clips_concatenate_along_time(synthetic_dataset: dict[str,
     cfg = make_cfg(synthetic_dataset, NUM_SEGMENT=2, KEEP_ASPECT_RATIO=True)
     for split in ("train", "val"):
         item = build_dataset(cfg, split)[5]
-        assert item["video"].shape == (3, 8, 24, 24) and item["index"] == 5
+        crop = normalize(Crop(item["video"], *item["crop"]))
+        assert crop.shape == (3, 8, 24, 24) and item["index"] == 5
 
 
 def test_decoder_resize_sizes_decord_mishandles_still_load(synthetic_dataset: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from trainer import predict, train
 from trainer.config import ConfigError, load_config
 from trainer.data import make_synthetic_dataset
 from trainer.data.dataset import ClipSpec
-from trainer.data.transforms import IMAGENET_MEAN, eval_transform
+from trainer.data.transforms import IMAGENET_MEAN, eval_crop, normalize
 from trainer.models import build_model
 from trainer.weights import zoo
 
@@ -225,7 +225,7 @@ def test_data_mean_and_std_reach_the_transforms(synthetic_dataset: dict[str, Any
     spec = ClipSpec.from_config(cfg)
     assert spec.mean == (0.5, 0.5, 0.5) and spec.std == (0.25, 0.5, 1.0)
     grey = np.full((4, 40, 40, 3), 102, dtype=np.uint8)  # 0.4 after scaling to [0, 1]
-    clip = eval_transform(grey, 32, 32, 0.5, spec.mean, spec.std)
+    clip = normalize(eval_crop(grey, 32, 32, 0.5), spec.mean, spec.std)
     assert clip[:, 0, 0, 0].tolist() == pytest.approx([-0.4, -0.2, -0.1], abs=1e-6)
     assert ClipSpec.from_config(load_config(write_config(tmp_path / "default.yaml", synthetic_dataset,
                                                          tmp_path / "run"))).mean == IMAGENET_MEAN

@@ -5,12 +5,19 @@ Videos are decoded by CONFIG.DATA.DECODER through trainer.data.decoders: decord 
 whichever DataLoader worker runs the item and is never pickled or shared between processes. Each clip is one
 batched read of sorted unique frame indices. The decoder resizes frames to NEW_WIDTH x NEW_HEIGHT when
 KEEP_ASPECT_RATIO is False (GluonCV's behaviour); with KEEP_ASPECT_RATIO True frames are decoded at their native
-size and the transforms do the short-side resize.
+size, or at the largest short side the split's crops need when the video is larger (SHORT_SIDE_SIZE x the top of
+SCALE_JITTER in training), and the transforms do the short-side resize.
 
 Training randomness comes from a generator keyed by (TRAIN.SEED, epoch, index): a sample gets the same clip
 and crop whichever worker or rank loads it, with any NUM_WORKERS, and again after a resume. The training
 sampler hands the epoch in with each index (see loader.EpochDistributedSampler); a plain integer key means
-epoch 0.
+epoch 0. Under multigrid training the key also carries the batch's Grid (frames, stride, crop; multigrid.py).
+
+An item's 'video' is the uint8 [C, T, s, s] region of the decoded frames that becomes its crop (a view: the worker
+touches no pixel after decoding), 'crop' is (crop size, flip). Where the model trains on a GPU (crop_on_device), the
+crop is made there, after the batch has crossed the worker boundary: resized, flipped, normalised with the spec's
+mean/std (transforms.ClipNormalizer); on a CPU-only node the worker makes it (uint8, make_crop) and the training
+process only normalises.
 
 A video that is missing, empty or cannot be decoded yields `{'bad': (path, reason), 'index': i}` instead of a
 clip. A clip that `auto` decoded with torchcodec carries `'fallback': (path, why decord could not open it)`.
@@ -18,16 +25,19 @@ clip. A clip that `auto` decoded with torchcodec carries `'fallback': (path, why
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from trainer.data.annotations import VideoRecord, read_annotations
 from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, DecoderChoice
+from trainer.data.multigrid import Grid
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
-from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_transform, train_transform
+from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_crop, make_crop, train_crop
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -87,15 +97,22 @@ class ClipSpec:
 
     @property
     def decode_size(self) -> tuple[int, int]:
-        """(width, height) the decoder resizes to; NATIVE keeps the video's size."""
+        """(width, height) the decoder resizes to; NATIVE keeps the video's size (but see ClipDecoder.clip's
+        short_side: a video larger than the crops need is decoded smaller)."""
         return NATIVE if self.keep_aspect_ratio else (self.new_width, self.new_height)
+
+    @property
+    def eval_short_side(self) -> int:
+        """The largest short side validation and test frames are resized to."""
+        return max(self.short_side, self.crop_size, self.test_crop_size)
 
 
 class VideoClipDataset(Dataset):
     """Clips of annotated videos for one split; a test split has one item per (video, temporal view, crop)."""
 
     def __init__(
-        self, records: list[VideoRecord], split: Split, spec: ClipSpec, seed: int = 0, gpu: int = 0
+        self, records: list[VideoRecord], split: Split, spec: ClipSpec, seed: int = 0, gpu: int = 0,
+        crop_on_device: bool = False,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -104,6 +121,7 @@ class VideoClipDataset(Dataset):
         self.spec = spec
         self.seed = seed
         self.crop_positions = crop_positions(spec.test_num_crop)
+        self.crop_on_device = crop_on_device  # else the crop is made here, as uint8 (make_crop)
         self.decoder = ClipDecoder(spec.decoder, spec.decode_size, spec.decoder_device, gpu)
 
     @property
@@ -113,37 +131,45 @@ class VideoClipDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records) * self.views_per_video
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        index, epoch = key if isinstance(key, tuple) else (key, 0)
+    def __getitem__(self, key: int | tuple[int, int] | tuple[int, int, Grid]) -> dict[str, Any]:
+        """Item ``index``; a training key may add the epoch (augmentation) and a multigrid Grid (the clip's shape)."""
+        index, epoch, grid = (key, 0, None) if isinstance(key, int) else (*key, None)[:3]
         video_index, view = divmod(index, self.views_per_video)
         record = self.records[video_index]
         try:
-            item = self._load(record, view, epoch, index)
+            item = self._load(record, view, epoch, index, grid)
         except BadVideo as exc:
             return {"bad": (record.path, str(exc)), "index": index}
         if self.split == "test":
             item["video_index"] = video_index
         return item
 
-    def _load(self, record: VideoRecord, view: int, epoch: int, index: int) -> dict[str, Any]:
+    def _load(self, record: VideoRecord, view: int, epoch: int, index: int, grid: Grid | None) -> dict[str, Any]:
         spec = self.spec
         clip = (spec.clip_len, spec.frame_rate, spec.num_segment)
         if self.split == "train":
+            crop_size, short_side = spec.crop_size, spec.short_side
+            if grid is not None:
+                clip = (grid.clip_len, grid.frame_rate, spec.num_segment)
+                crop_size, short_side = grid.crop_size, grid.short_side
             rng = np.random.default_rng((self.seed, epoch, index))
-            frames, fallback = self.decoder.clip(record.path, lambda n: train_indices(n, *clip, rng))
-            video = train_transform(
-                frames, spec.crop_size, spec.short_side, spec.scale_jitter, spec.random_flip, rng, spec.mean, spec.std
-            )
+            # the default grid's: a video's decode size must not depend on which multigrid grid saw it first
+            largest = max(math.ceil(spec.short_side * spec.scale_jitter[1]), spec.crop_size)
+            frames, fallback = self.decoder.clip(record.path, lambda n: train_indices(n, *clip, rng), largest)
+            crop = train_crop(frames, crop_size, short_side, spec.scale_jitter, spec.random_flip, rng)
         elif self.split == "val":
-            frames, fallback = self.decoder.clip(record.path, lambda n: val_indices(n, *clip))
-            video = eval_transform(frames, spec.crop_size, spec.short_side, 0.5, spec.mean, spec.std)
+            frames, fallback = self.decoder.clip(record.path, lambda n: val_indices(n, *clip), spec.eval_short_side)
+            crop = eval_crop(frames, spec.crop_size, spec.short_side, 0.5)
         else:
             temporal, spatial = divmod(view, spec.test_num_crop)
             start = spec.test_positions[temporal]
-            frames, fallback = self.decoder.clip(record.path, lambda n: view_indices(n, *clip, start))
+            frames, fallback = self.decoder.clip(record.path, lambda n: view_indices(n, *clip, start),
+                                                 spec.eval_short_side)
             position = self.crop_positions[spatial]
-            video = eval_transform(frames, spec.test_crop_size, spec.short_side, position, spec.mean, spec.std)
-        item = {"video": video, "label": record.label, "index": index}
+            crop = eval_crop(frames, spec.test_crop_size, spec.short_side, position)
+        if not self.crop_on_device:
+            crop = make_crop(crop)
+        item = {"video": crop.region, "crop": (crop.size, crop.flip), "label": record.label, "index": index}
         if fallback is not None:
             item["fallback"] = (record.path, fallback)
         return item
@@ -158,4 +184,5 @@ def build_dataset(cfg: Config, split: Split) -> VideoClipDataset:
         anno, root = data.VAL_ANNO_PATH, data.VAL_DATA_PATH
     records = read_annotations(anno, root, num_classes=data.NUM_CLASSES)
     spec = ClipSpec.from_config(cfg)
-    return VideoClipDataset(records, split, spec, seed=cfg.CONFIG.TRAIN.SEED, gpu=cfg.DDP_CONFIG.GPU)
+    return VideoClipDataset(records, split, spec, seed=cfg.CONFIG.TRAIN.SEED, gpu=cfg.DDP_CONFIG.GPU,
+                            crop_on_device=torch.cuda.is_available())  # where the model trains

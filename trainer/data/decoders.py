@@ -91,8 +91,9 @@ class DecordReader:
         return len(self._reader)
 
     def get_frames(self, indices: list[int]) -> torch.Tensor:
-        # decord can hand back RGBA for some small frames
-        return torch.from_numpy(self._reader.get_batch(indices).asnumpy()[..., :3])
+        # Zero-copy through DLPack (asnumpy() would copy the whole clip); decord can hand back RGBA for some small
+        # frames.
+        return torch.from_dlpack(self._reader.get_batch(indices).to_dlpack())[..., :3]
 
 
 def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -217,6 +218,8 @@ def read_frames(reader: VideoReader, indices: np.ndarray) -> torch.Tensor:
         frames = reader.get_frames(unique.tolist())
     except Exception as exc:  # a truncated file can open and then fail on the missing frames
         raise BadVideo(f"cannot decode frames: {decoder_error(exc)}") from exc
+    if len(unique) == len(indices) and (unique == indices).all():
+        return frames  # already in order (a clip inside a video): no copy
     return frames[torch.from_numpy(inverse.reshape(-1)).to(frames.device)]
 
 
@@ -243,6 +246,7 @@ class ClipDecoder:
         self.device = decode_device(device, gpu) if choice == "torchcodec" else "cpu"
         # auto: videos decord could not open in this process, and why; they go straight to torchcodec next time.
         self._decord_cannot_open: dict[str, str] = {}
+        self._fitted: dict[str, tuple[int, int]] = {}  # clip(short_side=...): each video's decode size
 
     def open(self, path: str, size: tuple[int, int] | None = None) -> tuple[VideoReader, str | None]:
         """The reader of a video, and (auto only) why decord could not open it when torchcodec did."""
@@ -261,15 +265,43 @@ class ClipDecoder:
         except BadVideo as exc:
             raise BadVideo(f"decord: {reason}; torchcodec: {exc}") from exc
 
-    def clip(self, path: str, sample: Callable[[int], np.ndarray]) -> Clip:
-        """Frames at the indices `sample(num_frames)` picks, at the decode size."""
-        reader, fallback = self.open(path)
+    def clip(self, path: str, sample: Callable[[int], np.ndarray], short_side: int | None = None) -> Clip:
+        """Frames at the indices `sample(num_frames)` picks, at the decode size.
+
+        ``short_side`` (native decode size only): the largest short side the caller will resize frames to. A video
+        larger than that is decoded at that short side (aspect kept) instead, so no frame is converted and shrunk at
+        a size nobody needs. Which size a video decodes at is decided once, from its frames' size, and remembered
+        by path: the first clip of a larger video is decoded a second time at the smaller size, so every clip of it,
+        in any worker and any epoch, is decoded the same way."""
+        size = self._fitted.get(path, self.size) if short_side is not None and self.size == NATIVE else self.size
+        clip, indices = self._decode(path, sample, size)
+        if short_side is None or self.size != NATIVE or path in self._fitted:
+            return clip
+        height, width = clip.frames.shape[1:3]
+        self._fitted[path] = fitted = fit_short_side((width, height), short_side)
+        # the same frames again (``sample`` may draw random numbers: it is called once per clip)
+        return clip if fitted == NATIVE else self._decode(path, lambda _: indices, fitted)[0]
+
+    def _decode(
+        self, path: str, sample: Callable[[int], np.ndarray], size: tuple[int, int]
+    ) -> tuple[Clip, np.ndarray]:
+        reader, fallback = self.open(path, size)
         indices = sample(len(reader))
         try:
-            return Clip(read_frames(reader, indices), fallback)
+            return Clip(read_frames(reader, indices), fallback), indices
         except BadVideo:
-            if reader.backend != "decord" or self.size == NATIVE:
+            if reader.backend != "decord" or size == NATIVE:
                 raise
         # decord mis-sizes some resized outputs (dmlc/decord#336, e.g. width 48); the native size always works
         # and the transforms resize anyway, so retry before calling the video bad.
-        return Clip(read_frames(open_reader("decord", path), indices), fallback)
+        return Clip(read_frames(open_reader("decord", path), indices), fallback), indices
+
+
+def fit_short_side(size: tuple[int, int], short_side: int) -> tuple[int, int]:
+    """(width, height) with the short side at ``short_side`` and the aspect kept (even, as the decoders' scalers
+    like it), or NATIVE when ``size`` is not larger than that."""
+    width, height = size
+    if min(width, height) <= short_side:
+        return NATIVE
+    scale = short_side / min(width, height)
+    return (max(2, round(width * scale / 2) * 2), max(2, round(height * scale / 2) * 2))

@@ -9,16 +9,18 @@ padding duplicates (DistributedSampler pads), at the cost of shards that may dif
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data.dataset import Split, VideoClipDataset
+from trainer.data.multigrid import MultigridBatchSampler, MultigridSchedule
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -46,12 +48,36 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+def stack_clips(clips: Sequence[torch.Tensor]) -> torch.Tensor:
+    """uint8 [C, T, s, s] regions -> [B, C, T, S, S] in channels_last_3d order, S the largest s (a smaller region sits
+    top-left, zero-padded): each clip is one copy into the batch. In a DataLoader worker the batch is made in shared
+    memory, so sending it to the main process copies nothing more (as torch's default_collate does)."""
+    storage_order = [clip.permute(1, 2, 3, 0) for clip in clips]  # [T, s, s, C]
+    frames, _, _, channels = storage_order[0].shape
+    side = max(clip.shape[1] for clip in storage_order)
+    shape = (len(clips), frames, side, side, channels)
+    first = storage_order[0]
+    if get_worker_info() is not None:
+        shared = first.untyped_storage()._new_shared(math.prod(shape) * first.element_size())
+        out = first.new_empty(0).set_(shared).view(shape)
+    else:
+        out = first.new_empty(shape)
+    for slot, clip in zip(out, storage_order, strict=True):
+        height, width = clip.shape[1:3]
+        slot[:, :height, :width].copy_(clip)
+        slot[:, height:].zero_()  # the padding is never read, but batches stay comparable
+        slot[:, :height, width:].zero_()
+    return out.permute(0, 4, 1, 2, 3)
+
+
 def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Stack good items; bad ones only add (path, reason) to 'bad'. An all-bad batch has 0-length tensors.
-    'fallback' lists (path, reason) of the clips DECODER auto read with torchcodec."""
+    'crops' holds each clip's transforms.CropPlan (region side, crop size, flip), what ClipNormalizer needs to make
+    the crops. 'fallback' lists (path, reason) of the clips DECODER auto read with torchcodec."""
     good = [item for item in items if "bad" not in item]
     batch: dict[str, Any] = {
-        "video": torch.stack([item["video"] for item in good]) if good else torch.empty(0),
+        "video": stack_clips([item["video"] for item in good]) if good else torch.empty(0),
+        "crops": [(item["video"].shape[-1], *item["crop"]) for item in good],
         "label": torch.tensor([item["label"] for item in good], dtype=torch.long),
         "index": torch.tensor([item["index"] for item in good], dtype=torch.long),
         "bad": [item["bad"] for item in items if "bad" in item],
@@ -78,11 +104,14 @@ def _rank_and_world(ctx: DistContext | None) -> tuple[int, int]:
 
 
 def build_loader(
-    dataset: VideoClipDataset, cfg: Config, split: Split, ctx: DistContext | None = None
+    dataset: VideoClipDataset, cfg: Config, split: Split, ctx: DistContext | None = None, multigrid: bool = True
 ) -> DataLoader:
     """DataLoader of a split for this process; BATCH_SIZE is per process (TRAIN for train, VAL for val/test).
-    TRAIN.DROP_LAST drops a training epoch's last incomplete batch on every rank (the shards are equal).
+    TRAIN.DROP_LAST drops a training epoch's last incomplete batch on every rank (the shards are equal). A training
+    loader batches by the multigrid schedule when CONFIG.TRAIN.MULTIGRID asks for one (and ``multigrid``).
 
+    Workers (DATA.NUM_WORKERS) persist across epochs and each keeps DATA.PREFETCH_FACTOR batches in flight; batches
+    are pinned when a GPU trains from CPU-decoded clips, so the copy to it does not block (transforms.ClipNormalizer).
     `ctx` is None or has .distributed, .rank and .world_size (trainer.distributed.DistContext).
     """
     rank, world = _rank_and_world(ctx)
@@ -94,16 +123,38 @@ def build_loader(
     else:
         sampler = ShardSampler(len(dataset), rank, world)
         batch_size, drop_last = cfg.CONFIG.VAL.BATCH_SIZE, False
+    schedule = MultigridSchedule.from_config(cfg) if split == "train" and multigrid else None
+    batching: dict[str, Any] = (
+        {"sampler": sampler, "batch_size": batch_size, "drop_last": drop_last} if schedule is None
+        else {"batch_sampler": MultigridBatchSampler(sampler, schedule, drop_last)}  # type: ignore[arg-type]
+    )
     workers = cfg.CONFIG.DATA.NUM_WORKERS
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=drop_last,
+        **batching,
         num_workers=workers,
         collate_fn=collate_clips,
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed + rank),
         persistent_workers=workers > 0,
+        prefetch_factor=cfg.CONFIG.DATA.PREFETCH_FACTOR if workers > 0 else None,
         pin_memory=torch.cuda.is_available() and dataset.decoder.device == "cpu",  # GPU-decoded clips are there
     )
+
+
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """Tell a training loader's sampler (and multigrid batch sampler) which epoch comes next."""
+    for sampler in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # the multigrid batch sampler passes it on to the sampler
+            return
+
+
+def epoch_batches(loader: Any, epochs: int) -> list[int]:
+    """Batches of each of ``epochs`` epochs of a training loader: len(loader) each, or what the multigrid schedule
+    makes of this rank's shard epoch by epoch."""
+    batches = getattr(loader, "batch_sampler", None)
+    if not isinstance(batches, MultigridBatchSampler):
+        return [len(loader)] * epochs
+    return [batches.schedule.batches_in_epoch(e, len(batches.sampler), batches.drop_last)  # type: ignore[arg-type]
+            for e in range(epochs)]

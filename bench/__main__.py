@@ -1,0 +1,127 @@
+"""Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
+
+    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu]
+
+Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
+(each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
+bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
+vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA). --quick: fewer clips, steps
+and epochs (a few minutes on 2 cores); without it, more of each (steadier ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from bench import ddp, decoders, gpu_step, loader, multigrid
+
+Row = tuple[str, str, str, float | None, str, bool | None]  # what, value, baseline, ratio, goal, met
+
+
+def loader_rows(quick: bool) -> list[Row]:
+    r = loader.run(quick)
+    n, aa = r["workers"], r["antialias"]
+    return [
+        ("dataset item, GPU node (crop made on the GPU) vs decode-only, clips/s", f"{r['item']:.1f}",
+         f"{r['decode']:.1f}", r["item"] / r["decode"], ">= 0.85x", r["item"] / r["decode"] >= 0.85),
+        ("  the item on a CPU-only node (crop made in the worker)", f"{r['item_cpu_node']:.1f}", f"{r['decode']:.1f}",
+         r["item_cpu_node"] / r["decode"], "reference", None),
+        ("  the item made in the worker (before: resized, flipped, normalised)", f"{r['item_before']:.1f}",
+         f"{r['decode']:.1f}", r["item_before"] / r["decode"], "reference", None),
+        ("  making a batch's crops on the device, here a CPU, ms per clip", f"{r['device_ms']:.1f}", "", None,
+         "on a GPU: microseconds", None),
+        (f"DataLoader, GPU node, {n} workers vs {n} decode-only processes, clips/s", f"{r['loader']:.1f}",
+         f"{r['parallel_decode']:.1f}", r["loader"] / r["parallel_decode"], ">= 0.85x",
+         r["loader"] / r["parallel_decode"] >= 0.85),
+        ("3x shrink, antialiased vs plain bilinear, time", "", "", aa["time"], "cost", None),
+        ("  mean error vs area average, antialiased / plain (levels)", f"{aa['error_aa']:.2f}",
+         f"{aa['error_plain']:.2f}", aa["error_aa"] / aa["error_plain"], "what it buys", None),
+    ]
+
+
+def ddp_rows(quick: bool) -> list[Row]:
+    r = ddp.run(quick)
+    ratio = r["two"] / r["one"]
+    return [
+        (f"steps/s per process, 2-process gloo DDP vs 1 process ({r['model']})", f"{r['two']:.2f}",
+         f"{r['one']:.2f}", ratio, ">= 0.9x", ratio >= 0.9),
+        ("  2-process DDP vs 2 independent processes side by side (DDP's own cost)", f"{r['two']:.2f}",
+         f"{r['two_alone']:.2f}", r["two"] / r["two_alone"], "reference", None),
+    ]
+
+
+def multigrid_rows(quick: bool) -> list[Row]:
+    with contextlib.redirect_stdout(io.StringIO()):  # the training runs' progress bars
+        r = multigrid.run(quick)
+    ratio = r["multigrid_s"] / r["baseline_s"]
+    points = r["multigrid_top1"] - r["baseline_top1"]
+    return [
+        (f"multigrid (both cycles) vs baseline, {r['epochs']} epochs, wall s", f"{r['multigrid_s']:.1f}",
+         f"{r['baseline_s']:.1f}", ratio, "<= 0.5x", ratio <= 0.5),
+        ("  final validation top-1, %", f"{r['multigrid_top1']:.1f}", f"{r['baseline_top1']:.1f}", None,
+         "within 5 points", abs(points) <= 5 or points > 0),
+    ]
+
+
+def decoder_rows(quick: bool) -> list[Row]:
+    r = decoders.measure(2, 20, 1) if quick else decoders.measure(3, 60, 3)
+    rates = r["rates"]
+    base = rates["decord"]
+    return [(f"{name} vs decord, clips/s", f"{rate:.1f}", f"{base:.1f}", rate / base, "info", None)
+            for name, rate in rates.items() if name != "decord"]
+
+
+def gpu_rows(quick: bool) -> list[Row]:
+    try:
+        rows = gpu_step.run(steps=10 if quick else 30)
+    except RuntimeError as exc:
+        if str(exc) != gpu_step.NEEDS_CUDA:
+            raise
+        return [("SlowFast 8x8 GPU step (bench/gpu_step.py)", "skipped", "", None, gpu_step.NEEDS_CUDA, None)]
+    base = rows[0][1]
+    return [(f"GPU step, {name}: ms (data wait, peak GiB)",
+             f"{1000 * m['step_s']:.1f} ({100 * m['data_wait']:.0f}%, {m['peak_gib']:.1f})",
+             f"{1000 * base['step_s']:.1f}", m["step_s"] / base["step_s"], "info", None) for name, m in rows[1:]]
+
+
+SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
+    "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
+}
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| measurement | value | baseline | ratio | goal | met |", "|---|---|---|---|---|---|"]
+    for what, value, base, ratio, goal, met in rows:
+        shown = "" if ratio is None else f"{ratio:.2f}x"
+        verdict = "" if met is None else ("yes" if met else "**no**")
+        lines.append(f"| {what} | {value} | {base} | {shown} | {goal} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer clips, steps and epochs")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS), help="parts to run")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rows: list[Row] = []
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    for name in args.only:
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        rows += SECTIONS[name](args.quick)
+    print(table(rows))
+    print(f"\n{os.cpu_count()} CPU cores (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after: other "
+          f"work on the machine), {'quick' if args.quick else 'full'} run, {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

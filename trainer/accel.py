@@ -1,0 +1,94 @@
+"""How the model runs fast on its device: mixed precision, memory order, torch.compile, cuDNN autotuning, DDP.
+
+The CONFIG.TRAIN keys, and what they do where:
+
+| key | CUDA | CPU |
+|---|---|---|
+| AMP auto (default) | bf16 autocast where the GPU has bf16 (compute capability 8.0+), else float32 | float32 |
+| AMP bf16 / fp16 / off | that autocast (fp16 with a gradient scaler) / float32 | float32 |
+| CHANNELS_LAST | model and clips in channels_last_3d order | the same (results equal to float tolerance) |
+| COMPILE | torch.compile of the training model (DDP-aware: compiled after wrapping) | the same (inductor, C++) |
+| CUDNN_BENCHMARK | cudnn.benchmark: per-shape algorithm search | no cuDNN: nothing to tune |
+| DDP_BUCKET_CAP_MB | gradient bucket size of the all-reduce | the same (gloo) |
+
+DDP always uses ``gradient_as_bucket_view`` (gradients live in the all-reduce buckets: no copy, less memory) and
+``static_graph`` (DDP records the first iteration's graph and skips the per-iteration search for unused parameters)
+unless some parameters may go unused in a forward (FIND_UNUSED_PARAMETERS, or a model that says so) or gradients
+accumulate (ACCUM_STEPS > 1: DDP's static graph does not support ``no_sync``). It does not broadcast rank 0's
+buffers (BatchNorm running statistics) before every forward, a collective per step: training never reads them, and
+the trainer broadcasts them once after each epoch (distributed.broadcast_buffers), before anything does; rank 0's
+statistics evolve the same either way, so the result is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.config import Config
+from trainer.data.dataset import ClipSpec
+from trainer.data.transforms import ClipNormalizer
+from trainer.distributed import DistContext
+
+
+def amp_dtype(device: torch.device, amp: str) -> torch.dtype | None:
+    """The autocast dtype CONFIG.TRAIN.AMP gives on ``device``; None = float32."""
+    if device.type != "cuda" or amp == "off":
+        return None
+    if amp == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else None
+    return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+def autocast(ctx: DistContext, amp: str) -> contextlib.AbstractContextManager[Any]:
+    """Autocast as CONFIG.TRAIN.AMP says for this process's device (a no-op in float32)."""
+    dtype = amp_dtype(ctx.device, amp)
+    return contextlib.nullcontext() if dtype is None else torch.autocast("cuda", dtype=dtype)
+
+
+def memory_format(cfg: Config) -> torch.memory_format:
+    return torch.channels_last_3d if cfg.CONFIG.TRAIN.CHANNELS_LAST else torch.contiguous_format
+
+
+def clip_normalizer(cfg: Config, ctx: DistContext) -> ClipNormalizer:
+    """What turns a loader's uint8 clips into model input on this process's device: the spec's mean/std (the
+    trainer's resolved DATA.MEAN/STD), the model's memory order."""
+    spec = ClipSpec.from_config(cfg)
+    return ClipNormalizer(spec.mean, spec.std, ctx.device, memory_format(cfg))
+
+
+def configure_backends(cfg: Config) -> None:
+    """Process-wide switches: cuDNN's per-shape algorithm search (input shapes repeat every step)."""
+    torch.backends.cudnn.benchmark = cfg.CONFIG.TRAIN.CUDNN_BENCHMARK
+
+
+def prepare_model(model: nn.Module, cfg: Config) -> nn.Module:
+    """The model in the configured memory order (in place)."""
+    return model.to(memory_format=memory_format(cfg))
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
+    """DistributedDataParallel as described above (the model itself when not distributed), then torch.compile
+    when COMPILE is on."""
+    train = cfg.CONFIG.TRAIN
+    if ctx.distributed:
+        find_unused = train.FIND_UNUSED_PARAMETERS or getattr(model, "needs_unused_parameters", False)
+        model = DistributedDataParallel(
+            model,
+            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            find_unused_parameters=find_unused,
+            static_graph=not find_unused and train.ACCUM_STEPS == 1,
+            gradient_as_bucket_view=True,
+            bucket_cap_mb=train.DDP_BUCKET_CAP_MB,
+            forward_sync_buffers=False,  # rank 0's BatchNorm statistics reach every rank after each epoch instead
+        )
+    return torch.compile(model) if train.COMPILE else model
+
+
+def ddp_module(model: nn.Module) -> nn.Module:
+    """The DDP wrapper (or plain module) inside a compiled model."""
+    return getattr(model, "_orig_mod", model)
