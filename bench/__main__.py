@@ -1,11 +1,12 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
-    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu]
+    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
 bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
-vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA). --quick: fewer clips, steps
+vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
+(launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise). --quick: fewer clips, steps
 and epochs (a few minutes on 2 cores); without it, more of each (steadier ratios).
 """
 
@@ -19,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import ddp, decoders, gpu_step, loader, multigrid
+from bench import ddp, decoders, gpu_step, launch_overhead, loader, multigrid
 
 Row = tuple[str, str, str, float | None, str, bool | None]  # what, value, baseline, ratio, goal, met
 
@@ -90,8 +91,24 @@ def gpu_rows(quick: bool) -> list[Row]:
              f"{1000 * base['step_s']:.1f}", m["step_s"] / base["step_s"], "info", None) for name, m in rows[1:]]
 
 
+def launch_rows(quick: bool) -> list[Row]:
+    try:
+        r = launch_overhead.run(repeats=2 if quick else 3)
+    except RuntimeError as exc:
+        if str(exc) != launch_overhead.NEEDS_ROOT:
+            raise
+        return [("launch-training.yml to the first step (bench/launch_overhead.py)", "skipped", "", None,
+                 launch_overhead.NEEDS_ROOT, None)]
+    goal = launch_overhead.GOAL_S
+    return [(f"launch-training.yml start to the first step on every node (2-node local cluster), {when}, s",
+             f"{r[key]:.1f}", f"{r['import_s']:.1f}", r[key] / r["import_s"], f"<= import + {goal:.0f} s",
+             r[key] - r["import_s"] <= goal)
+            for when, key in (("first launch (ships the code)", "first_launch_s"), ("later launches", "launch_s"))]
+
+
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
+    "launch": launch_rows,
 }
 
 

@@ -1,9 +1,10 @@
 """From `ansible-playbook launch-training.yml` to the first training step on every node, against the bare import time.
 
     .venv/bin/python bench/launch_overhead.py [--repeats 3]     (root: builds a 2-node local cluster, ~2 minutes)
+    .venv/bin/python -m bench --only launch                    (the same, as a row of the benchmark table)
 
-Baseline, measured in the same run: `python -c "import torch, torchvision, decord"` on a node (inside its network
-namespace, with its environment), which every trainer pays before it can do anything. The launch is timed from the
+Baseline, measured in the same run: `import torch, torchvision, decord` on a node (inside its network and mount
+namespaces, with its environment), which every trainer pays before it can do anything. The launch is timed from the
 playbook's start to the first optimizer step of the job: rank 0 logs it (LOG.DISPLAY_FREQ 1), and a DDP step
 completes on every rank together (the gradient all-reduce waits for all of them). Goal (issue "Speed"): launch to
 first step <= bare import + 10 s.
@@ -25,7 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
 CLUSTER = "lover"
-INVENTORY = REPO / ".local-cluster" / CLUSTER / "inventory.yml"
+CLUSTER_DIR = REPO / ".local-cluster" / CLUSTER
+INVENTORY = CLUSTER_DIR / "inventory.yml"
+GOAL_S = 10.0
+NEEDS_ROOT = "needs root (network namespaces, sshd)"
 FIRST_STEP = re.compile(r"^(\d\d:\d\d:\d\d) INFO epoch 1 iteration 1:", re.M)
 
 
@@ -36,16 +40,18 @@ def playbook(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def bare_import_seconds() -> float:
-    """The import every trainer pays, on node1 with the nodes' environment."""
+    """The import every trainer pays, on node1 with the nodes' environment (its network and mount namespaces: the
+    environment is mounted there only)."""
     code = "import time; t = time.perf_counter(); import torch, torchvision, decord; print(time.perf_counter() - t)"
-    out = subprocess.run(["ip", "netns", "exec", f"vc-{CLUSTER}-1", "/opt/vidcluster/venv/bin/python", "-c", code],
+    sshd = (CLUSTER_DIR / "nodes" / "1" / "sshd.pid").read_text().strip()
+    out = subprocess.run(["nsenter", "-t", sshd, "-m", "-n", "--", "/opt/vidcluster/venv/bin/python", "-c", code],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     return float(out.strip())
 
 
 def first_step_seconds(job: str, started: datetime.datetime) -> float:
     """Seconds from ``started`` to rank 0's first logged step of ``job``."""
-    log = REPO / ".local-cluster" / CLUSTER / "nodes" / "0" / "home" / "vidcluster" / "jobs" / job / "run" / "log.txt"
+    log = CLUSTER_DIR / "nodes" / "0" / "home" / "vidcluster" / "jobs" / job / "run" / "log.txt"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         match = FIRST_STEP.search(log.read_text()) if log.exists() else None
@@ -56,13 +62,11 @@ def first_step_seconds(job: str, started: datetime.datetime) -> float:
     raise SystemExit(f"no first step of {job} in {log}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="launches measured (and bare imports)")
-    args = parser.parse_args()
+def run(repeats: int) -> dict[str, float]:
+    """The bare import on a node (best of ``repeats``) and launch-training.yml's start to the first step: the first
+    launch, which ships the trainer code to the nodes, and the best of the later ones (new jobs, code in place)."""
     if os.geteuid() != 0:
-        print("needs root (network namespaces, sshd)", file=sys.stderr)
-        return 2
+        raise RuntimeError(NEEDS_ROOT)
     playbook("playbooks/local-cluster.yml", "-e", "nodes=2", "-e", f"cluster_name={CLUSTER}")
     try:
         playbook("-i", str(INVENTORY), "setup-cluster.yml")
@@ -73,7 +77,7 @@ def main() -> int:
             playbook("-i", str(INVENTORY), "playbooks/stage-data.yml", "-e", f"src={data}", "-e",
                      "dest=data/vidcluster-test")
         imports, launches = [], []
-        for i in range(args.repeats):
+        for i in range(repeats):
             imports.append(bare_import_seconds())
             job = f"overhead-{os.getpid()}-{i}"
             overrides = {"CONFIG": {"TRAIN": {"EPOCH_NUM": 1}, "LOG": {"DISPLAY_FREQ": 1}}}
@@ -85,13 +89,27 @@ def main() -> int:
             playbook("-i", str(INVENTORY), "stop-training.yml", "-e", f"job_id={job}")
     finally:
         playbook("playbooks/local-cluster.yml", "-e", f"cluster_name={CLUSTER}", "-e", "state=absent")
-    imported, launched = min(imports), min(launches)
-    print(f"| measure | seconds (best of {args.repeats}) |")
+    return {"import_s": min(imports), "first_launch_s": launches[0], "launch_s": min(launches[1:] or launches)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="launches measured (and bare imports), at least 2")
+    args = parser.parse_args()
+    try:
+        r = run(args.repeats)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    overheads = (r["first_launch_s"] - r["import_s"], r["launch_s"] - r["import_s"])
+    print("| measure | seconds |")
     print("|---|---|")
-    print(f"| bare `import torch, torchvision, decord` on a node | {imported:.1f} |")
-    print(f"| launch-training.yml start -> first training step on every node | {launched:.1f} |")
-    print(f"| launch overhead beyond the import | {launched - imported:.1f} (goal <= 10) |")
-    return 0 if launched - imported <= 10 else 1
+    print(f"| bare `import torch, torchvision, decord` on a node (best of {args.repeats}) | {r['import_s']:.1f} |")
+    print(f"| first launch (ships the trainer code) -> first training step on every node | {r['first_launch_s']:.1f} |")
+    print(f"| later launches, new jobs (best of {args.repeats - 1}) -> first training step | {r['launch_s']:.1f} |")
+    print(f"| launch overhead beyond the import, first / later | {overheads[0]:.1f} / {overheads[1]:.1f} "
+          f"(goal <= {GOAL_S:.0f}) |")
+    return 0 if max(overheads) <= GOAL_S else 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ node plus a JSON summary of what the launcher needs next (folders, data paths to
 path keys and the DDP arithmetic live here in the trainer, so the launcher holds no copy of them::
 
     python -m trainer.node_config --config-file EXP.yaml --job job.json --out-dir DIR   # DIR/<node>.yaml + JSON
+    ... | python -m trainer.node_config --config-file EXP.yaml --job - --out-dir DIR    # the job on stdin
 
+The description it rendered from is kept as ``DIR/job.json``, so the same configs can be rendered again from it.
 ``job.json``: ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the experiment's), "resume",
 "overrides" (merged into the experiment), "jobs_dir" ("~" = the node's home), "nodes": [{"name", "ip", "gpus",
 "home"}, ...]}`` with the nodes in rank order (rank 0 hosts the rendezvous). Paths in the config are made absolute
@@ -249,26 +251,31 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
         add_help=add_help,
     )
     parser.add_argument("--config-file", type=Path, required=True, help="the experiment config (GluonCV DDP format)")
-    parser.add_argument("--job", type=Path, required=True, help="the job description (JSON, see the module doc)")
+    parser.add_argument("--job", required=True, help="the job description: a JSON file, or - for stdin")
     parser.add_argument("--out-dir", type=Path, required=True, help="folder for <node>.yaml, one per node")
     return parser
+
+
+def _write_atomically(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     try:
-        job = JobSpec.from_json(json.loads(args.job.read_text()))
+        described = sys.stdin.read() if args.job == "-" else Path(args.job).read_text()
+        job = JobSpec.from_json(json.loads(described))
         rendered = render_job(read_experiment(args.config_file), job, str(args.config_file))
     except (ConfigError, OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, node in rendered["nodes"].items():
-        path = args.out_dir / f"{name}.yaml"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(node.pop("yaml"))
-        tmp.replace(path)
-        node["config"] = str(path)
+        node["config"] = str(_write_atomically(args.out_dir / f"{name}.yaml", node.pop("yaml")))
+    _write_atomically(args.out_dir / "job.json", described)
     print(json.dumps(rendered))
     return 0
 

@@ -91,21 +91,23 @@ def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: Loc
     # The role's node configs are the trainer's own output for the same job description, byte for byte.
     out = results / "rerendered"
     subprocess.run([str(VENV_BIN / "python"), "-m", "trainer.node_config", "--config-file",
-                    str(REPO / "configs" / f"{CONFIG}.yaml"), "--job", str(results / "job.json"), "--out-dir",
+                    str(REPO / "configs" / f"{CONFIG}.yaml"), "--job", str(results / "nodes" / "job.json"), "--out-dir",
                     str(out)], cwd=REPO, check=True, capture_output=True, text=True)  # fmt: skip
     for node in cluster.nodes:
         assert (out / f"{node.name}.yaml").read_bytes() == (results / "nodes" / f"{node.name}.yaml").read_bytes()
 
     # node1's copy of the trainer drifts; a relaunch with one more epoch ships the code to node1 alone and resumes
     # from the checkpoint in ~/scratch on node0.
-    code = node_job_dir(node1, job) / "code" / "trainer" / "engine.py"
+    version = Path(json.loads((node_job_dir(node1, job) / "job.json").read_text())["env"]["PYTHONPATH"])
+    assert version.parent == Path("/home/vctrain/vidcluster/code")  # the node's folder of code versions
+    code = node1.home / "vidcluster" / "code" / version.name / "trainer" / "engine.py"
     code.write_text(code.read_text() + "\n# drift\n")
     overrides["ddp_config_overrides"]["CONFIG"]["TRAIN"]["EPOCH_NUM"] = 3
     again = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "ddp_config_cpu_workers=2",
                    "-e", "vidcluster_network_interface=", "-e", json.dumps(overrides))  # fmt: skip
-    task = "TASK [ddp_launch : Unpack the trainer archive on the node]"
+    task = "TASK [ddp_launch : Unpack the trainer code into its version's folder]"
     unpack = again.stdout.split(task, 1)[1].split("TASK [", 1)[0]
-    assert "changed: [node1]" in unpack and "node0" not in unpack.replace("skipping: [node0]", "")
+    assert "changed: [node1]" in unpack and not re.search(r"(ok|changed): \[node[02]\]", unpack), unpack
     assert "# drift" not in code.read_text()
     log = (results / "log.txt").read_text()
     assert f"resumed from {run}/checkpoints/epoch_0002.pth at epoch 2" in log
