@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from bench.loader import kinetics_like, loader_config
-from trainer.accel import autocast, clip_normalizer, configure_backends, prepare_model, wrap_ddp
+from trainer.accel import amp_dtype, autocast, clip_normalizer, configure_backends, prepare_model, wrap_ddp
 from trainer.config import Config
 from trainer.data import build_dataset, build_loader
 from trainer.distributed import single_process_context
@@ -47,7 +47,7 @@ def measure(cfg: Config, steps: int) -> dict[str, Any]:
     configure_backends(cfg)
     model = wrap_ddp(prepare_model(build_model(MODEL, num_classes=400).to(ctx.device), cfg), ctx, cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-    scaler = torch.amp.GradScaler("cuda", enabled=cfg.CONFIG.TRAIN.AMP == "fp16")
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(ctx.device, cfg.CONFIG.TRAIN.AMP) == torch.float16)
     criterion = nn.CrossEntropyLoss()
     normalizer = clip_normalizer(cfg, ctx)
     loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)

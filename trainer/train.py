@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from trainer import checkpoint
-from trainer.accel import configure_backends, prepare_model, wrap_ddp
+from trainer.accel import amp_dtype, configure_backends, prepare_model, wrap_ddp
 from trainer.config import Config, ConfigError, dump_config, load_config, run_dir
 from trainer.data import build_dataset, build_loader
 from trainer.data.loader import epoch_batches, set_loader_epoch
@@ -141,7 +141,7 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
 
     lr = effective_lr(cfg, train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS)
     optimizer = build_optimizer(cfg, raw_model, lr)
-    fp16 = ctx.device.type == "cuda" and train.AMP == "fp16"
+    fp16 = amp_dtype(ctx.device, train.AMP) == torch.float16  # the gradient scaler is for fp16 autocast only
     state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps),
                        torch.amp.GradScaler(ctx.device.type, enabled=fp16))
     start_epoch, best_top1 = 0, -1.0
