@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.config import Config, DDPConfig, check_runtime
-from trainer.errors import UserError, first_line, lost_peer
+from trainer.errors import USER_ERROR_EXIT, UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,14 @@ _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT
 
 
 class DistributedError(UserError, RuntimeError):
-    """Ranks cannot be decided, peers did not meet, or a worker failed; the message says which and what to check."""
+    """Ranks cannot be decided from the config (bad input); the message says what to change."""
+
+
+class PeerError(DistributedError):
+    """Peers did not meet, a peer went away, or a worker failed: one line, but not the input's fault, so not its exit
+    status: a restart may help (exit status 1)."""
+
+    exit_status = 1
 
 
 @dataclass(frozen=True)
@@ -295,7 +302,7 @@ def _init_group(ctx: DistContext, plan: _Plan) -> None:
         )
         dist.barrier()  # everyone has really arrived before any work starts
     except dist.DistError as exc:  # store/network/backend errors: a peer or the rendezvous host is missing
-        raise DistributedError(
+        raise PeerError(
             f"rank {ctx.rank} of {ctx.world_size}: peers did not all meet at the rendezvous {plan.dist_url} within "
             f"{plan.timeout_s}s ({first_line(exc)}); check that every node was started, that the rank-0 node listens "
             "on that address and port, and that the firewall lets the nodes reach it"
@@ -311,12 +318,13 @@ def _run_worker(
     except Exception as exc:
         error = exc
         if lost_peer(exc):  # a consequence: one line here, the rank that stopped first says why
-            error = DistributedError(f"rank {ctx.rank} of {ctx.world_size} lost its peers in a collective "
+            error = PeerError(f"rank {ctx.rank} of {ctx.world_size} lost its peers in a collective "
                                      f"({first_line(exc)}); the rank that failed first says why")
         if failure_file is not None:
             # Stamped before the teardown below wakes the peers, whose own errors are consequences and come later.
             user = str(error) if isinstance(error, UserError) else None
-            record = {"at": time.monotonic_ns(), "error": traceback.format_exc(), "user": user}
+            status = error.exit_status if isinstance(error, UserError) else 1
+            record = {"at": time.monotonic_ns(), "error": traceback.format_exc(), "user": user, "exit": status}
             failure_file.write_text(json.dumps(record))
         if error is exc:
             raise
@@ -352,13 +360,13 @@ def _spawn(plan: _Plan, worker_fn: WorkerFn, cfg: Config) -> None:
             # spawn names whichever failed worker it notices first, often a peer that lost the one that failed.
             index, record = _first_failure(Path(failures)) or (exc.error_index, {"error": exc.msg, "user": None})
             if record["user"] is not None:
-                raise UserError(record["user"]) from None
+                raise (UserError if record.get("exit") == USER_ERROR_EXIT else PeerError)(record["user"]) from None
             trace = record["error"]
             log.error("local worker %d failed:\n%s", index, trace)
             last = [line for line in trace.strip().splitlines() if line.strip()][-1]
-            raise DistributedError(f"local worker {index} failed: {last}") from exc
+            raise PeerError(f"local worker {index} failed: {last}") from exc
         except mp.ProcessExitedException as exc:
-            raise DistributedError(f"local worker {exc.error_index} (pid {exc.error_pid}) died: {exc}") from exc
+            raise PeerError(f"local worker {exc.error_index} (pid {exc.error_pid}) died: {exc}") from exc
 
 
 def single_process_context(cfg: Config) -> DistContext:

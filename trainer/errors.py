@@ -21,6 +21,8 @@ USER_ERROR_EXIT = 2
 class UserError(Exception):
     """Bad input; the message names the file, key, model or node at fault and what to change."""
 
+    exit_status = USER_ERROR_EXIT  # a restart cannot fix it (a launcher's restart policy reads this status)
+
 
 class CheckpointError(UserError):
     """A checkpoint file that cannot be read or does not fit the model."""
@@ -60,4 +62,4 @@ def report_user_errors(command: Callable[[], T]) -> T:
     except UserError as exc:
         sys.stderr.write(f"error: {exc}\n")  # one write: torchrun's workers share the terminal
         sys.stderr.flush()
-        raise SystemExit(USER_ERROR_EXIT) from None
+        raise SystemExit(exc.exit_status) from None

@@ -25,6 +25,7 @@ from trainer.config import Config, validate_config
 from trainer.distributed import (
     DistContext,
     DistributedError,
+    PeerError,
     add_launcher_args,
     all_gather_object,
     all_reduce_sum,
@@ -181,8 +182,8 @@ def test_launcher_args_accept_both_spellings() -> None:
 def test_failing_worker_fails_launch(tmp_path: Path) -> None:
     cfg = write_cfg(tmp_path, ddp_cfg(tmp_path, CPU_WORKERS=2))
     ((rc, err),) = finish([start([str(ENTRY), "--config-file", str(cfg)], VCT_FAIL_RANK="1")])
-    assert rc != 0
-    assert "DistributedError: local worker 1" in err and "worker with rank 1 fails on purpose" in err
+    assert rc == 1, err  # a crashed worker is not a bad input (2): a launcher may restart it
+    assert "PeerError: local worker 1" in err and "worker with rank 1 fails on purpose" in err
 
 
 def _unused(ctx: DistContext, cfg: Config) -> None:
@@ -203,8 +204,9 @@ def test_rendezvous_timeout_names_the_address(tmp_path: Path, node_rank: int) ->
         TIMEOUT_SECONDS=2,
     )
     started = time.monotonic()
-    with pytest.raises(DistributedError, match=f"rendezvous tcp://127.0.0.1:{port} within 2s"):
+    with pytest.raises(PeerError, match=f"rendezvous tcp://127.0.0.1:{port} within 2s") as raised:
         launch(_unused, validate_config(data))
+    assert raised.value.exit_status == 1  # peers that did not come are not a bad input: a restart may help
     assert time.monotonic() - started < 2 + 6
     assert not dist.is_initialized()
 
