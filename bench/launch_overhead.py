@@ -83,7 +83,7 @@ def run(repeats: int) -> dict[str, float]:
             overrides = {"CONFIG": {"TRAIN": {"EPOCH_NUM": 1}, "LOG": {"DISPLAY_FREQ": 1}}}
             started = datetime.datetime.now()
             playbook("-i", str(INVENTORY), "launch-training.yml", "-e", "config=i3d_cpu_test", "-e", f"job_id={job}",
-                     "-e", "wait=false", "-e", "ddp_launch_omp_num_threads=1",
+                     "-e", "wait=false", "-e", "ddp_config_omp_num_threads=1",
                      "-e", json.dumps({"ddp_config_overrides": overrides}))  # fmt: skip
             launches.append(first_step_seconds(job, started))
             playbook("-i", str(INVENTORY), "stop-training.yml", "-e", f"job_id={job}")

@@ -23,7 +23,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-req_files=("$ROOT/requirements.txt")
+req_files=("$ROOT/requirements.txt" "$ROOT/requirements-node.txt")
 [ "${1:-}" = "--dev" ] && req_files+=("$ROOT/requirements-dev.txt" "$ROOT/requirements-reference.txt")
 want=$(cat "${req_files[@]}" | sha256sum | cut -d' ' -f1)
 stamp="$VENV/.requirements-${#req_files[@]}.sha256"
@@ -31,7 +31,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   echo "bootstrap: installing Python requirements into $VENV (torch is large: a few minutes)"
   /usr/bin/python3 -m venv "$VENV"
   pip_args=()
-  for f in "${req_files[@]}"; do [[ "$f" == *-reference.txt ]] || pip_args+=(-r "$f"); done
+  for f in "${req_files[@]}"; do [[ "$f" == *-reference.txt || "$f" == *-node.txt ]] || pip_args+=(-r "$f"); done
   # (the filter only hides a harmless warning some pip configurations print once per package)
   "$VENV/bin/pip" install -q --disable-pip-version-check "${pip_args[@]}" 2> >(grep -v "is ignored: it is neither" >&2)
   # the reference implementations of the weights tests, without their dependencies (they would replace torch)

@@ -39,7 +39,7 @@ ansible-playbook -i "$INVENTORY" playbooks/stage-data.yml -e "src=$DATA" -e dest
 step "5/6 Training SlowFast on 2 nodes (launch-training.yml -e config=$JOB)"
 # One thread per process and short polls: both nodes share this machine's cores, and the run is short.
 ansible-playbook -i "$INVENTORY" launch-training.yml -e "config=$JOB" \
-  -e ddp_launch_omp_num_threads=1 -e ddp_launch_poll_seconds=5
+  -e ddp_config_omp_num_threads=1 -e ddp_launch_poll_seconds=5
 
 step "6/6 Result"
 python - "$ROOT/runs/$JOB" "$ROOT/.local-cluster/demo/nodes/0/home" <<'PY'
@@ -49,7 +49,8 @@ from pathlib import Path
 import yaml
 
 results, node0_home = Path(sys.argv[1]), Path(sys.argv[2])  # node0's home, as this machine sees it
-last = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines() if line.strip()][-1]
+records = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines() if line.strip()]
+last = [record for record in records if "epoch" in record][-1]  # (restart records have no epoch)
 status = json.loads((results / "status.json").read_text())
 config = yaml.safe_load((results / "nodes" / "node0.yaml").read_text())
 ckpt_dir = Path(config["CONFIG"]["LOG"]["BASE_PATH"]) / config["CONFIG"]["LOG"]["EXP_NAME"] / "checkpoints"

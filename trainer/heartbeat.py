@@ -1,8 +1,8 @@
 """Liveness for the launcher's watch: while a training process lives, a daemon thread writes the node's monotonic
 clock to ``$VIDCLUSTER_HEARTBEAT_DIR/<pid>`` every ``$VIDCLUSTER_HEARTBEAT_INTERVAL`` seconds.
 
-The node's supervisor (roles/ddp_launch/files/jobctl.py) sets both variables and treats a live process whose
-heartbeat has gone stale as frozen (SIGSTOP, a hung filesystem, a wedged driver), which ends the job on every node.
+The node's supervisor (trainer/runtime/node.py) sets both variables and treats a live process whose
+heartbeat has gone stale as frozen (SIGSTOP, a hung filesystem, a wedged driver): the job restarts without it.
 A thread keeps beating while the main thread waits in a collective, so a slow step is never taken for a frozen one.
 Without the variables (a run by hand, torchrun) nothing happens.
 """

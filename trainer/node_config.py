@@ -1,33 +1,38 @@
-"""Every node's config for a launch: the experiment config with the node's place in the job written in.
+"""Every node's plan and config for a launch: the experiment config with the node's place in the job written in, and
+the node plan the node's supervisor runs from (trainer.runtime.plan).
 
-The launcher (roles/ddp_config) describes the job once, in rank order, and this module writes one validated YAML per
-node plus a JSON summary of what the launcher needs next (folders, data paths to check, workers). The schema, its
-path keys and the DDP arithmetic live here in the trainer, so the launcher holds no copy of them::
+The launcher (roles/ddp_config) describes the job once, with its members in order, and this module writes, for every
+member, one validated YAML and one plan, plus a JSON summary on stdout. The schema, its path keys, the DDP
+arithmetic and every path of a job on a node (trainer.runtime.layout) live here in the trainer, so the launcher holds
+no copy of them::
 
-    python -m trainer.node_config --config-file EXP.yaml --job job.json --out-dir DIR   # DIR/<node>.yaml + JSON
+    python -m trainer.node_config --config-file EXP.yaml --job job.json --out-dir DIR   # DIR/<node>.yaml, .plan.json
     ... | python -m trainer.node_config --config-file EXP.yaml --job - --out-dir DIR    # the job on stdin
 
-The description it rendered from is kept as ``DIR/job.json``, so the same configs can be rendered again from it.
-``job.json``: ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the experiment's), "resume",
-"overrides" (merged into the experiment), "jobs_dir" ("~" = the node's home), "nodes": [{"name", "ip", "gpus",
-"home"}, ...]}`` with the nodes in rank order (rank 0 hosts the rendezvous). Paths in the config are made absolute
-for each node: "~" and relative paths are in that node's home.
+The description it rendered from is kept as ``DIR/launch.json``, so the same files can be rendered again from it.
+The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
+experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
+"env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace}, "restarts":
+{max_restarts, node_wait}, "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares": [...]}``;
+a node is ``{"name", "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0
+hosts the rendezvous); spares train only when one replaces a lost node. Paths in the config are made absolute for
+each node: "~" and relative paths are in that node's home.
 
-Where the run goes: the config's LOG.BASE_PATH/EXP_NAME on the rank-0 node. GluonCV's default EXP_NAME
-``use_time`` becomes the job id, so launching the job again finds its checkpoints and resumes; when BASE_PATH is
-empty the run is ``<jobs_dir>/<job_id>/run`` (``<jobs_dir>/<job_id>/<EXP_NAME>`` for an explicit name). Each node's
-own files (its config, job.json, pid, log) live in ``<jobs_dir>/<job_id>/<node>`` (roles/ddp_launch), so nodes that
-share a home directory never write the same file.
+Where the run goes: the config's LOG.BASE_PATH/EXP_NAME, on each node (rank 0 writes it; node rank 1 keeps a copy of
+the checkpoints). GluonCV's default EXP_NAME ``use_time`` becomes the job id, so launching the job again finds its
+checkpoints and resumes; when BASE_PATH is empty the run is ``<jobs_dir>/<job_id>/run``
+(``<jobs_dir>/<job_id>/<EXP_NAME>`` for an explicit name).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import posixpath
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +44,39 @@ from trainer.config import (
     input_paths,
     parse_yaml,
     path_keys,
+    run_dir,
     validate_config,
 )
+from trainer.runtime import layout
+from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 
 USE_TIME = "use_time"
 DEFAULT_RUN_NAME = "run"
+WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_grace": 15.0}
+RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0}
 
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What the launcher knows of a node: its name, cluster address, GPU count and the cluster user's home."""
+    """What the launcher knows of a node: its name, cluster address, GPU count (and device ids, when the inventory
+    lists them), the cluster user's home, and the network interface that holds its cluster address."""
 
     name: str
     ip: str
     gpus: int
     home: str
+    iface: str = ""
+    devices: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeFacts:
+        devices = data.get("devices")
+        return cls(str(data["name"]), str(data["ip"]), int(data["gpus"]), str(data["home"]), str(data.get("iface", "")),
+                   None if devices is None else tuple(int(d) for d in devices))
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return self.devices if self.devices is not None else tuple(range(self.gpus))
 
 
 @dataclass(frozen=True)
@@ -61,39 +84,51 @@ class JobSpec:
     job_id: str
     port: int
     nodes: tuple[NodeFacts, ...]  # rank order
+    spares: tuple[NodeFacts, ...] = ()
     cpu_workers: int = 1
     timeout_seconds: int = 0
     resume: str = "auto"
     overrides: Mapping[str, Any] | None = None
-    jobs_dir: str = "~/vidcluster/jobs"
+    jobs_dir: str = layout.DEFAULT_JOBS_DIR
+    code_root: str = layout.DEFAULT_CODE_ROOT
+    code_version: str = "dev"
+    env_path: str = "~/vidcluster/venv"
+    watch: Mapping[str, float] = field(default_factory=lambda: dict(WATCH_DEFAULTS))
+    restarts: Mapping[str, float] = field(default_factory=lambda: dict(RESTART_DEFAULTS))
+    omp_num_threads: int = 0
+    extra_env: Mapping[str, str] | None = None
+    weights_table: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
-        nodes = tuple(NodeFacts(str(n["name"]), str(n["ip"]), int(n["gpus"]), str(n["home"])) for n in data["nodes"])
+        job_id = str(data["job_id"])
+        if not layout.valid_job_id(job_id):
+            raise ConfigError(f"job id {job_id!r}: use {layout.JOB_ID_CHARS}")
         return cls(
-            job_id=str(data["job_id"]),
+            job_id=job_id,
             port=int(data["port"]),
-            nodes=nodes,
+            nodes=tuple(NodeFacts.from_json(n) for n in data["nodes"]),
+            spares=tuple(NodeFacts.from_json(n) for n in data.get("spares", [])),
             cpu_workers=int(data.get("cpu_workers", 1)),
             timeout_seconds=int(data.get("timeout_seconds", 0)),
             resume=str(data.get("resume", "auto")),
             overrides=data.get("overrides") or {},
-            jobs_dir=str(data.get("jobs_dir", "~/vidcluster/jobs")),
+            jobs_dir=str(data.get("jobs_dir", layout.DEFAULT_JOBS_DIR)),
+            code_root=str(data.get("code_root", layout.DEFAULT_CODE_ROOT)),
+            code_version=str(data.get("code_version", "dev")),
+            env_path=str(data.get("env_path", "~/vidcluster/venv")),
+            omp_num_threads=int(data.get("omp_num_threads", 0)),
+            extra_env={str(k): str(v) for k, v in (data.get("extra_env") or {}).items()},
+            weights_table=bool(data.get("weights_table", False)),
+            watch={**WATCH_DEFAULTS, **data.get("watch", {})},
+            restarts={**RESTART_DEFAULTS, **data.get("restarts", {})},
         )
 
+    @property
+    def members(self) -> tuple[NodeFacts, ...]:
+        """Trainers in rank order, then spares: everyone that runs a supervisor of the job."""
+        return self.nodes + self.spares
 
-def node_path(path: str, home: str) -> str:
-    """A path as the node sees it: ``~`` and relative paths are in the node user's home, absolute ones stay."""
-    if path == "~" or path.startswith("~/"):
-        return posixpath.normpath(home + path[1:])
-    if posixpath.isabs(path):
-        return path
-    return posixpath.normpath(posixpath.join(home, path))
-
-
-def url_host(address: str) -> str:
-    """An address as the host part of a URL (IPv6 in brackets)."""
-    return f"[{address}]" if ":" in address else address
 
 
 def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,9 +144,9 @@ def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 def workers_per_node(job: JobSpec) -> tuple[int, str]:
     """(worker processes per node, backend): one per GPU with nccl, CPU_WORKERS with gloo; every node alike."""
-    counts = {node.gpus for node in job.nodes}
+    counts = {node.gpus for node in job.members}
     if len(counts) > 1:
-        listed = ", ".join(f"{node.name}={node.gpus}" for node in job.nodes)
+        listed = ", ".join(f"{node.name}={node.gpus}" for node in job.members)
         raise ConfigError(
             f"nodes have different numbers of GPUs ({listed}); the trainer starts the same number of workers on "
             "every node, so give every node the same gpus in the inventory (a count, or a list of device ids)"
@@ -128,7 +163,7 @@ def _ddp_section(job: JobSpec, rank: int, experiment: Mapping[str, Any]) -> dict
         "AUTO_RANK_MATCH": False,
         "WORLD_SIZE": len(job.nodes),
         "WORLD_RANK": rank,
-        "DIST_URL": f"tcp://{url_host(job.nodes[0].ip)}:{job.port}",
+        "DIST_URL": f"tcp://{layout.url_host(job.nodes[0].ip)}:{job.port}",
         URLS_KEY: [node.ip for node in job.nodes],
         "GPU_WORLD_SIZE": len(job.nodes) * per_node,
         "GPU_WORLD_RANK": rank * per_node,
@@ -164,14 +199,15 @@ def _get_dotted(data: Mapping[str, Any], key: str) -> Any:
     return node
 
 
-def node_config(experiment: Mapping[str, Any], job: JobSpec, rank: int) -> Config:
-    """The validated config of the node with this rank.
+def node_config(experiment: Mapping[str, Any], job: JobSpec, node: NodeFacts, rank: int) -> Config:
+    """The validated config of ``node`` as node rank ``rank`` (a spare's says rank 0: its supervisor gives the rank
+    of the node it replaces when it starts).
 
     The experiment's own DDP_CONFIG is replaced, not merged (a single-node section, or one that spells WORLD_URLS
     the other way, must not leak into the cluster's); the job's overrides may still set DDP_CONFIG keys.
     """
-    node = job.nodes[rank]
-    body = {key: value for key, value in experiment.items() if key != "DDP_CONFIG"}
+    # A deep copy: the paths below are made this node's own in place, and the next node starts from the experiment.
+    body = {key: copy.deepcopy(value) for key, value in experiment.items() if key != "DDP_CONFIG"}
     data = merge({"DDP_CONFIG": _ddp_section(job, rank, experiment), **body}, job.overrides or {})
     training = data.setdefault("CONFIG", {})
     training["LOG"] = {**(training.get("LOG") or {}), **_run_location(training.get("LOG") or {}, job)}
@@ -179,42 +215,90 @@ def node_config(experiment: Mapping[str, Any], job: JobSpec, rank: int) -> Confi
     for key in path_keys():
         value = _get_dotted(data, key)
         if isinstance(value, str) and value:
-            _set_dotted(data, key, node_path(value, node.home))
+            _set_dotted(data, key, layout.node_path(value, node.home))
     resume = training["TRAIN"]["RESUME"]
     if resume not in ("", "auto"):
-        training["TRAIN"]["RESUME"] = node_path(resume, node.home)
-    return validate_config(data, f"node {node.name} (rank {rank})")
+        training["TRAIN"]["RESUME"] = layout.node_path(resume, node.home)
+    role = "spare" if node in job.spares else f"rank {rank}"
+    return validate_config(data, f"node {node.name} ({role})")
 
 
-def header(job: JobSpec, rank: int, source: str) -> str:
-    node = job.nodes[rank]
+def header(job: JobSpec, node: NodeFacts, rank: int, source: str) -> str:
+    place = (f"a spare of job {job.job_id} (its supervisor gives it the rank of the node it replaces)"
+             if node in job.spares else f"node rank {rank} of {len(job.nodes)}, job {job.job_id}")
     return (
-        f"# Rendered by `python -m trainer.node_config` for {node.name}, node rank {rank} of {len(job.nodes)}, job "
-        f"{job.job_id}, from {source}.\n# Rendered again on every launch: change the experiment config or the "
-        "inventory, not this file.\n"
+        f"# Rendered by `python -m trainer.node_config` for {node.name}, {place}, from {source}.\n"
+        "# Rendered again on every launch: change the experiment config or the inventory, not this file.\n"
+    )
+
+
+def node_env(job: JobSpec, node: NodeFacts, code_dir: str, job_dir: str) -> dict[str, str]:
+    """The trainer's environment on the node (the supervisor adds its heartbeat and attempt variables)."""
+    env = {
+        "PYTHONPATH": code_dir,
+        "PYTHONUNBUFFERED": "1",
+        "GLOO_SOCKET_IFNAME": node.iface,  # the interface that holds the node's cluster address
+        "NCCL_SOCKET_IFNAME": node.iface,
+        "OMP_NUM_THREADS": str(job.omp_num_threads),  # 0: the supervisor divides the node's cores among workers
+        "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in node.device_ids),
+    }
+    if job.weights_table:
+        env["VIDCLUSTER_WEIGHTS_TABLE"] = posixpath.join(job_dir, layout.SITE_WEIGHTS_TABLE)
+    return {**env, **(job.extra_env or {})}
+
+
+def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend: str) -> NodePlan:
+    """Everything ``node`` needs to run its part of the job (trainer.runtime.plan), every path absolute."""
+    folder = layout.job_dir(job.jobs_dir, job.job_id, node.name, node.home)
+    code = layout.code_dir(job.code_root, job.code_version, node.home)
+    python = layout.env_python(job.env_path, node.home)
+    config_file = posixpath.join(folder, layout.CONFIG_FILE)
+    log = cfg.CONFIG.LOG
+    run = str(run_dir(cfg))
+    members = tuple(Member(m.name, m.ip, rank if m in job.nodes else None)
+                    for rank, m in enumerate(job.members))
+    return NodePlan(
+        job=job.job_id,
+        node=node.name,
+        members=members,
+        port=job.port,
+        backend=backend,
+        workers=per_node,
+        argv=(python, "-m", "trainer.train", "--config-file", config_file),
+        env=node_env(job, node, code, folder),
+        paths=Paths(
+            job_dir=folder, plan=posixpath.join(folder, layout.PLAN_FILE),
+            secret=posixpath.join(folder, layout.SECRET_FILE), config=config_file,
+            site_weights_table=posixpath.join(folder, layout.SITE_WEIGHTS_TABLE),
+            code_archive=posixpath.join(folder, layout.CODE_ARCHIVE), code_dir=code, env_python=python, run_dir=run,
+            checkpoints=posixpath.join(run, log.SAVE_DIR), status_file=posixpath.join(run, layout.STATUS_FILE),
+            log_file=posixpath.join(run, log.LOG_FILENAME),
+            weights_cache=layout.node_path(layout.WEIGHTS_CACHE, node.home),
+            results=tuple(posixpath.join(run, name) for name in layout.run_files(log.LOG_FILENAME)),
+        ),
+        watch=Watch(**{k: float(v) for k, v in job.watch.items()}),
+        restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"])),
+        data_paths=tuple(input_paths(cfg)),
     )
 
 
 def render_job(experiment: Mapping[str, Any], job: JobSpec, source: str) -> dict[str, Any]:
-    """Every node's YAML text and the facts the launcher needs, ``{"nodes": {name: {...}}, ...}``."""
+    """Every member's YAML text and plan, and the facts the launcher needs: ``{"members": {name: {...}}, ...}``."""
     if not job.nodes:
         raise ConfigError("the job has no nodes")
     per_node, backend = workers_per_node(job)
-    nodes: dict[str, Any] = {}
+    members: dict[str, Any] = {}
     pretrained = ""
-    for rank, node in enumerate(job.nodes):
-        cfg = node_config(experiment, job, rank)
+    for index, node in enumerate(job.members):
+        rank = index if node in job.nodes else 0
+        cfg = node_config(experiment, job, node, rank)
         model = cfg.CONFIG.MODEL
         if model.PRETRAINED and not model.PRETRAINED_PATH:
             pretrained = model.NAME  # published weights the nodes read from their cache: the launcher ships them
-        log = cfg.CONFIG.LOG
-        run = posixpath.join(log.BASE_PATH, log.EXP_NAME) if log.EXP_NAME else log.BASE_PATH
-        nodes[node.name] = {
-            "rank": rank,
-            "yaml": header(job, rank, source) + config_to_yaml(cfg),
-            "run_dir": run,
-            "status_file": posixpath.join(run, "status.json"),
-            "data_paths": [{"key": key, "path": path} for key, path in input_paths(cfg)],
+        members[node.name] = {
+            "rank": rank if node in job.nodes else None,
+            "yaml": header(job, node, rank, source) + config_to_yaml(cfg),
+            "plan": node_plan(job, node, cfg, per_node, backend),
         }
     return {
         "job_id": job.job_id,
@@ -226,7 +310,7 @@ def render_job(experiment: Mapping[str, Any], job: JobSpec, source: str) -> dict
         "root_ip": job.nodes[0].ip,
         "port": job.port,
         "pretrained": pretrained,
-        "nodes": nodes,
+        "members": members,
     }
 
 
@@ -273,9 +357,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, node in rendered["nodes"].items():
-        node["config"] = str(_write_atomically(args.out_dir / f"{name}.yaml", node.pop("yaml")))
-    _write_atomically(args.out_dir / "job.json", described)
+    for name, member in rendered["members"].items():
+        member["config_file"] = str(_write_atomically(args.out_dir / f"{name}.yaml", member.pop("yaml")))
+        plan: NodePlan = member.pop("plan")
+        member["plan_file"] = str(_write_atomically(args.out_dir / f"{name}.plan.json", plan.to_json()))
+        member["plan"] = json.loads(plan.to_json())
+    _write_atomically(args.out_dir / "launch.json", described)
     print(json.dumps(rendered))
     return 0
 

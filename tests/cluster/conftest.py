@@ -73,6 +73,7 @@ class Node:
     ip: str
     netns: str
     dir: Path  # controller-side node directory: home/, ssh/ (the node's /etc/ssh), sshd.pid, sshd.log
+    cluster_ip: str = ""  # the inventory's cluster_ip (the IPv6 address on a cluster made with ipv6=true)
 
     @property
     def home(self) -> Path:
@@ -122,8 +123,8 @@ class LocalCluster:
         """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml."""
         proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}", *extra)
         hosts = _inventory_hosts(self.inventory)
-        self.nodes = [Node(index=h["node_rank"], name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
-                           dir=self.state_dir / "nodes" / str(i))
+        self.nodes = [Node(index=i, name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
+                           dir=self.state_dir / "nodes" / str(i), cluster_ip=h["cluster_ip"])
                       for i, (name, h) in enumerate(hosts.items())]
         return proc
 
@@ -138,7 +139,8 @@ def _inventory_hosts(inventory: Path) -> dict[str, dict]:
                          capture_output=True, text=True, check=True, cwd=REPO)
     data = json.loads(out.stdout)
     hostvars = data["_meta"]["hostvars"]
-    return {name: hostvars[name] for name in data["trainers"]["hosts"]}
+    names = [*data["trainers"]["hosts"], *data.get("spares", {}).get("hosts", [])]  # node0.. in order
+    return {name: hostvars[name] for name in names}
 
 
 def netns_names(cluster_name: str) -> list[str]:
@@ -200,6 +202,19 @@ def job_processes(job_id: str) -> list[int]:
             if any(var.startswith(b"VIDCLUSTER_JOB_DIR=") and marker in var for var in env):
                 found.append(int(entry.name))
     return found
+
+
+def stage_dataset(cluster: LocalCluster, folder: Path, train: int = 8,
+                  val: int = 4) -> subprocess.CompletedProcess[str]:
+    """A small two-class H.264 dataset made in ``folder``/vidcluster-test and staged on every node at
+    ~/data/vidcluster-test (what configs/i3d_cpu_test.yaml reads); the stage-data.yml run."""
+    data = folder / "vidcluster-test"
+    subprocess.run(
+        [str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes", "left", "right",
+         "--train-per-class", str(train), "--val-per-class", str(val), "--size", "32", "--frames", "16"],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return cluster.playbook("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
 
 
 def node_job_dir(node: Node, job_id: str) -> Path:

@@ -92,7 +92,7 @@ def test_driver_requirements_for_the_cuda_of_the_torch_build() -> None:
     assert filters.driver_supports("580.105.08", "580.65.06")  # numeric, not string, comparison
     assert not filters.driver_supports("570.172.08", "580.65.06")
     assert filters.torch_cuda_from_requirements("numpy\ntorch==2.5.1+cu121  # pinned\n", "13.0") == "12.1"
-    assert filters.torch_cuda_from_requirements((REPO / "requirements.txt").read_text(), "13.0") == "13.0"
+    assert filters.torch_cuda_from_requirements((REPO / "requirements-node.txt").read_text(), "13.0") == "13.0"
     assert filters.parse_gpus(["NVIDIA H200, 580.65.06, 143771 MiB", ""]) == [
         {"name": "NVIDIA H200", "driver": "580.65.06", "memory": "143771 MiB"}
     ]

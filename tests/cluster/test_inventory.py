@@ -39,7 +39,9 @@ def row(name: str, **given: Any) -> dict[str, Any]:
 
 
 def test_sample_inventory_is_valid() -> None:
-    run_playbook(VALIDATE, inventory=REPO / "inventory" / "sample" / "hosts.yml")
+    # Without the login check: the sample's hosts are documentation addresses, never to be connected to.
+    proc = run_playbook(VALIDATE, "--skip-tags", "login", inventory=REPO / "inventory" / "sample" / "hosts.yml")
+    assert "Ask each node which user" not in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -118,3 +120,22 @@ def test_every_playbook_checks_the_contract_before_touching_a_node(tmp_path: Pat
     # It stopped on the controller: no task ran on a node (not even fact gathering).
     assert "Gathering Facts" not in proc.stdout
     assert "UNREACHABLE" not in proc.stdout
+
+
+def test_spares_follow_the_same_rules_and_come_after_the_trainers(tmp_path: Path) -> None:
+    layout = cluster_contract([row("a", ansible_host="127.0.0.2"), row("s", ansible_host="127.0.0.4", spare=True),
+                               row("b", ansible_host="127.0.0.3")])
+    assert layout["errors"] == []
+    assert (layout["order"], layout["spares"], layout["members"]) == (["a", "b"], ["s"], ["a", "b", "s"])
+    assert layout["nodes"]["s"]["rank"] is None and layout["nodes"]["s"]["spare"] is True
+    broken = cluster_contract([row("a", ansible_host="127.0.0.2"),
+                               row("s", ansible_host="127.0.0.2", spare=True, node_rank=1)])
+    assert "s: node_rank is set on a spare; spares take the rank of the node they replace" in broken["errors"]
+    assert "cluster address 127.0.0.2 is used by a, s; every node needs its own cluster_ip" in broken["errors"]
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  children:\n    trainers:\n      hosts:\n        a: {ansible_host: 127.0.0.2}\n"
+                    "        b: {ansible_host: 127.0.0.3}\n    spares:\n      hosts:\n        b:\n"
+                    "  vars:\n    ansible_user: trainer\n")
+    proc = run_playbook(VALIDATE, inventory=path, check=False)
+    assert proc.returncode != 0
+    assert "b is in both groups trainers and spares; a node is one or the other" in proc.stdout, proc.stdout[-3000:]

@@ -1,18 +1,20 @@
 """launch-training.yml, training-status.yml and stop-training.yml on a real 3-node local cluster whose nodes share one
 home directory (like an NFS home on a real cluster), with real gloo training of a tiny I3D on synthetic H.264 videos.
 
-The job belongs to its nodes: each node's supervisor (roles/ddp_launch/files/jobctl.py) watches its trainer and the
-other nodes, so a dead or frozen trainer ends the job everywhere, naming the node that failed first, with or without
-a controller; the controller only follows rank 0, and not hearing from it is not a failure.
+The job belongs to its nodes: every node's supervisor (trainer/runtime) runs its trainer as the job's hub says, and
+only the job's nodes are heard (every message is sealed with the launch's secret); the controller only follows the
+hub, and not hearing from it is not a failure.
   - errors before anything starts: an unknown config, a busy rendezvous port, a config the trainer rejects, nodes
-    with different GPU counts;
-  - a frozen trainer (SIGSTOP) while the launch follows: the play fails naming it with its log; a relaunch resumes;
-  - a killed trainer with no controller watching (-e wait=false): every process ends within 2 minutes and
-    training-status.yml names the node that failed first; stop-training.yml on a running job;
-  - the controller cut off from the rank-0 node (its SSH fails or stalls) for longer than the grace period: following
-    gives up without stopping anything, the job trains to the end, and a later launch reports it finished;
-  - launching a running job again attaches to it and follows it to the end.
-The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml unpacks once, every
+    with different GPU counts; job ids that could name another folder, refused by every playbook before any node is
+    touched; a login as root, refused on the node;
+  - forged failure reports, a forged stop, thousands of connections and a 100 MB line from a host on the cluster
+    network that is not a node of the job: ignored, logged once, the supervisor's memory bounded, the job trains to
+    the end; its results are collected where the config's LOG keys put them, and following it prints a line per
+    change of progress, not per poll;
+  - the controller cut off from the hub's node for longer than the grace period: following gives up without
+    stopping anything, the job trains to the end, and a later launch reports it finished;
+  - launching a running job again attaches to it; stop-training.yml stops a running job on every node.
+The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml copies once, every
 node keeps its own files in its own folder of the job.
 Run: .venv/bin/python -m pytest tests/cluster/test_launch.py  (root; a few minutes on 2 cores).
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +41,7 @@ from tests.cluster.conftest import (
     flat,
     job_processes,
     node_job_dir,
+    stage_dataset,
 )
 
 CONFIG = "i3d_cpu_test"  # reads ~/data/vidcluster-test on every node
@@ -48,16 +51,18 @@ TWO_NODES = ("--limit", "node0,node1")
 # Short polls and a short watch for short runs; one thread per process: every node shares the same 2 cores.
 LAUNCH_ARGS = (
     "-e", "ddp_launch_poll_seconds=2",
-    "-e", "ddp_launch_omp_num_threads=1",
-    "-e", "ddp_launch_heartbeat_timeout=10",
-    "-e", "ddp_launch_stop_grace=5",
+    "-e", "ddp_config_omp_num_threads=1",
+    "-e", "ddp_config_heartbeat_timeout=10",
+    "-e", "ddp_config_stop_grace=5",
     "-e", "ddp_launch_follow_hours=0.25",
 )  # fmt: skip
 ENV = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+PLAYBOOKS = ("launch-training.yml", "stop-training.yml", "training-status.yml", "setup-cluster.yml",
+             "playbooks/stage-data.yml")  # fmt: skip
 
 
-def epochs(n: int) -> tuple[str, str]:
-    return "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": n}}}})
+def training(n: int, **log: str) -> tuple[str, str]:
+    return "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": n}, "LOG": log}}})
 
 
 def launch(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -79,25 +84,13 @@ def wait_for_epoch(cluster: LocalCluster, job: str, epoch: int, play: subprocess
     status = run_dir(cluster, job) / "status.json"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             if json.loads(status.read_text()).get("epoch", 0) >= epoch:
                 return
-        except (OSError, ValueError):
-            pass
         if play is not None and play.poll() is not None:
             pytest.fail(f"the play ended early:\n{play.communicate()[0][-4000:]}")
         time.sleep(0.3)
     pytest.fail(f"job {job} did not reach epoch {epoch}")
-
-
-def trainer_pid(job: str, node: Node) -> int:
-    """The trainer process (python -m trainer.train) of the node's part of the job."""
-    for pid in job_processes(job):
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-        if b"trainer.train" in cmdline and f"/{job}/{node.name}\0".encode() in environ:
-            return pid
-    raise AssertionError(f"no trainer of {job} on {node.name}")
 
 
 def wait_until_gone(job: str, seconds: float) -> float:
@@ -108,10 +101,12 @@ def wait_until_gone(job: str, seconds: float) -> float:
     return time.monotonic() - started
 
 
-def checkpoints_outside_run(cluster: LocalCluster, job: str) -> list[Path]:
-    """Checkpoints anywhere in the job's folder but rank 0's run directory (there must be none)."""
-    root = run_dir(cluster, job).parent
-    return [p for p in root.rglob("*.pth") if run_dir(cluster, job) not in p.parents]
+def node_state(node: Node, job: str) -> dict:
+    return json.loads((node_job_dir(node, job) / "state.json").read_text())
+
+
+def rss_kib(pid: int) -> int:
+    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())[1])
 
 
 @contextlib.contextmanager
@@ -136,10 +131,12 @@ def cluster(local_cluster: Callable[..., LocalCluster], tmp_path_factory: pytest
     assert "is shared by node0, node1, node2: node0 writes it for them" in flat(first.stdout)
     rerun = cluster.playbook("setup-cluster.yml")
     assert changed_total(rerun.stdout, ["localhost", *cluster.names]) == 0, rerun.stdout[-3000:]
-    # One ~/.ssh for all: the key once in authorized_keys, one known_hosts block naming every node.
+    # One ~/.ssh for all: the key once in authorized_keys (restricted to the cluster's addresses, no forwarding,
+    # no pty), one known_hosts block naming every node.
     ssh = cluster.nodes[0].home / ".ssh"
     pub = (cluster.state_dir / "cluster-key" / "cluster_key.pub").read_text().split()[1]
-    assert (ssh / "authorized_keys").read_text().count(pub) == 1
+    entry = next(line for line in (ssh / "authorized_keys").read_text().splitlines() if pub in line)
+    assert entry.startswith('restrict,from="') and (ssh / "authorized_keys").read_text().count(pub) == 1
     known = (ssh / "known_hosts").read_text()
     assert known.count("BEGIN VIDCLUSTER") == 1 and all(f"vidcluster-node:{n.name}" in known for n in cluster.nodes)
     assert f"[node1]:2222,[{cluster.nodes[1].ip}]:2222 ssh-ed25519 " in known
@@ -148,24 +145,29 @@ def cluster(local_cluster: Callable[..., LocalCluster], tmp_path_factory: pytest
                       f"{cluster.nodes[1].ip} true && echo reached")
     assert cluster.nodes[2].ip in out.stdout and "reached" in out.stdout, out.stderr
 
-    data = tmp_path_factory.mktemp("data") / "vidcluster-test"
-    subprocess.run(
-        [str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes", "left", "right",
-         "--train-per-class", "8", "--val-per-class", "4", "--size", "32", "--frames", "16"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    stage = ("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
-    staged = cluster.playbook(*stage)
+    folder = tmp_path_factory.mktemp("data")
+    staged = stage_dataset(cluster, folder)
     assert "node0 writes it for them" in flat(staged.stdout)
-    assert changed_total(staged.stdout, ["node1", "node2"]) == 0  # the shared folder is unpacked by node0 alone
-    assert changed_total(cluster.playbook(*stage).stdout, ["localhost", *cluster.names]) == 0
+    assert changed_total(staged.stdout, ["node1", "node2"]) == 0  # the shared folder is written by node0 alone
+    again = cluster.playbook("playbooks/stage-data.yml", "-e", f"src={folder / 'vidcluster-test'}",
+                             "-e", "dest=data/vidcluster-test")
+    assert changed_total(again.stdout, ["localhost", *cluster.names]) == 0
     yield cluster
     cluster.playbook("stop-training.yml", check=False)
 
 
-def test_errors_come_before_any_training_process(cluster: LocalCluster) -> None:
+def test_errors_come_before_any_training_process(cluster: LocalCluster, tmp_path: Path) -> None:
     node0, node1 = cluster.nodes[0], cluster.nodes[1]
     job = f"{cluster.name}-err"
+
+    # Job ids that could name another folder or break a command line: every playbook refuses them on the controller,
+    # before it connects to any node.
+    for bad in ("../../x", "a;b", "a\nb"):
+        for playbook in PLAYBOOKS:
+            proc = cluster.playbook(playbook, "-e", json.dumps({"job_id": bad, "config": CONFIG}), check=False)
+            assert proc.returncode != 0, (playbook, bad)
+            assert f"job id {bad!r} (-e job_id) names a folder on every node" in flat(proc.stdout), proc.stdout[-2000:]
+            assert "Ask each node which user" not in proc.stdout, (playbook, bad)  # no node was touched
 
     proc = launch(cluster, *TWO_NODES, "-e", "config=no_such_config", "-e", f"job_id={job}", check=False)
     assert proc.returncode != 0
@@ -218,98 +220,113 @@ def test_errors_come_before_any_training_process(cluster: LocalCluster) -> None:
     assert proc.returncode != 0
     assert "nodes have different numbers of GPUs (node0=0, node1=2)" in flat(proc.stdout), proc.stdout[-3000:]
 
-    # None of these started anything: no process, no pid file on any node.
+    # None of these started anything: no process, no supervisor's state on any node.
     assert job_processes(job) == []
-    assert not any((node_job_dir(node, job) / "train.pid").exists() for node in cluster.nodes)
+    assert not any((node_job_dir(node, job) / "state.json").exists() for node in cluster.nodes)
 
 
-def test_frozen_trainer_fails_the_play_naming_it_then_relaunch_resumes(cluster: LocalCluster) -> None:
-    node1 = cluster.nodes[1]
-    job = f"{cluster.name}-frozen"
-    args = (*TWO_NODES, "-e", f"config={CONFIG}", "-e", f"job_id={job}", *epochs(40))
-    play = launch_in_background(cluster, *args)
+def test_a_login_as_root_is_refused_on_the_node(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`-u root` passes the inventory's rule when the inventory names no ansible_user; the check on the node does
+    not let it through. node2's sshd lets root in for this test only (a key in a /root of its own)."""
+    node2 = cluster.nodes[2]
+    config = node2.dir / "ssh" / "sshd_config"
+    original = config.read_text()
+    sshd = node2.sshd_pid
+    pub = cluster.key.with_suffix(".pub").read_text()
+    enter = ["nsenter", "--target", str(sshd), "--mount", "sh", "-c"]
+    subprocess.run([*enter, 'mount -t tmpfs -o mode=700 tmpfs /root && mkdir -m 700 /root/.ssh && printf %s "$KEY" '
+                    "> /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys"],
+                   env={**os.environ, "KEY": pub}, check=True)  # fmt: skip
+    config.write_text(original.replace("PermitRootLogin no", "PermitRootLogin prohibit-password")
+                      .replace("AllowUsers vctrain", "AllowUsers vctrain root"))
+    os.kill(sshd, 1)  # sshd re-reads its config
+    try:
+        time.sleep(1)
+        rootless = tmp_path / "inventory.yml"
+        rootless.write_text(re.sub(r"(?m)^\s+ansible_user: .*\n", "", cluster.inventory.read_text()))
+        proc = subprocess.run(
+            [str(VENV_BIN / "ansible-playbook"), "-i", str(rootless), "training-status.yml", "-u", "root", "--limit",
+             "node2"], cwd=REPO, env={**ENV, "USER": "vctrain"}, capture_output=True, text=True, timeout=300,
+            check=False)  # fmt: skip
+    finally:
+        config.write_text(original)
+        os.kill(sshd, 1)
+        subprocess.run([*enter, "umount /root"], check=True)
+    assert proc.returncode != 0
+    assert "node2: this connection logs in as root (-u root, remote_user or ansible_user)" in flat(proc.stdout), (
+        proc.stdout[-3000:])
+    assert "Show the jobs' state" not in proc.stdout
+
+
+def test_only_the_jobs_nodes_are_heard_and_the_follow_prints_per_change(cluster: LocalCluster) -> None:
+    """A host on the cluster network that is not a node of the job (node2, outside this 2-node job) forges failure
+    reports and a stop, opens thousands of connections and sends a 100 MB line: ignored, logged once, the hub's memory
+    bounded; the job trains to the end. Its results are where LOG.LOG_FILENAME and LOG.SAVE_DIR say."""
+    node0, node1, node2 = cluster.nodes
+    job = f"{cluster.name}-forged"
+    epochs = 50
+    play = launch_in_background(cluster, *TWO_NODES, "-e", f"config={CONFIG}", "-e", f"job_id={job}",
+                                *training(epochs, LOG_FILENAME="train-log.txt", SAVE_DIR="ckpts"))
     try:
         wait_for_epoch(cluster, job, 2, play)
-        os.kill(trainer_pid(job, node1), signal.SIGSTOP)  # frozen, not dead: only its silence can tell
-        frozen_at = time.monotonic()
-        out, _ = play.communicate(timeout=240)
-        elapsed = time.monotonic() - frozen_at
+        hub, member = node_state(node0, job), node_state(node1, job)
+        assert hub["mode"] == "hub" and member["mode"] == "member"
+        before = rss_kib(hub["pid"])
+        attack = subprocess.run(
+            ["ip", "netns", "exec", node2.netns, "/usr/bin/python3", str(Path(__file__).with_name("forge.py")),
+             hub["addr"], member["addr"]],
+            capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+        assert attack.returncode == 0, attack.stderr
+        sent = json.loads(attack.stdout)
+        assert sent["connections"] >= 3000 and sent["line_mib"] == 100
+        after = rss_kib(hub["pid"])
+        out, _ = play.communicate(timeout=400)
     finally:
         if play.poll() is None:
             play.kill()
-    assert play.returncode != 0, out[-4000:]
-    assert "Training failed on node1: its trainer (pid " in flat(out), out[-4000:]
-    assert "is frozen: no heartbeat for" in flat(out)
-    assert "node0: stopped (node1 failed first" in flat(out)
-    assert f"Last lines of node1's log (/home/vctrain/vidcluster/jobs/{job}/node1/train.log)" in flat(out)
-    assert "jobctl: stopping the trainer: node1 failed" in flat(out)  # node1's log tail, shown in the failure
-    assert elapsed < 120, f"{elapsed:.0f} s to end the job"
-    assert job_processes(job) == [], "a training process was left behind"
-    status = json.loads((run_dir(cluster, job) / "status.json").read_text())
-    assert status["state"] == "failed" and status["first_failure"]["node"] == "node1"
-
-    # Relaunch: resumes from the last checkpoint on rank 0 and trains to the end.
-    proc = launch(cluster, *args)
-    log = (REPO / "runs" / job / "log.txt").read_text()
-    assert "resumed from" in log and f"/home/vctrain/vidcluster/jobs/{job}/run/checkpoints/epoch_00" in log
+    assert play.returncode == 0, out[-4000:]
+    assert (after - before) < 20 * 1024, f"the hub grew from {before} to {after} KiB"
+    log = (node_job_dir(node0, job) / "train.log").read_text()
+    refused = [line for line in log.splitlines() if line.startswith(f"jobctl: refused a connection from {node2.ip}")]
+    assert len(refused) == 1, refused  # logged once per address, whatever the flood
+    assert "jobctl: attempt 1" not in log and "failed first" not in log  # nothing was believed
+    assert sent["line_mib_taken"] < 100  # the hub hung up on the long line long before its end
+    member_log = (node_job_dir(node1, job) / "train.log").read_text()
+    assert member_log.count(f"jobctl: refused a connection from {node2.ip}") == 1  # a member's listener too
     records = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["epoch"] == 40
-    digest = json.loads((REPO / "runs" / job / "weights_digest.json").read_text())
-    assert digest["world_size"] == 2 and len(set(digest["digests"])) == 1 and digest["identical"], digest
-    assert (run_dir(cluster, job) / "checkpoints" / "epoch_0040.pth").exists()
-    assert checkpoints_outside_run(cluster, job) == []
-    assert f"Checkpoints: node0:/home/vctrain/vidcluster/jobs/{job}/run/checkpoints/" in flat(proc.stdout)
+    assert [r["epoch"] for r in records if "epoch" in r][-1] == epochs
+    # The config's LOG keys decide what is collected and where the checkpoints are.
+    assert (REPO / "runs" / job / "train-log.txt").stat().st_size > 0
+    assert not (REPO / "runs" / job / "log.txt").exists()
+    assert (f"Checkpoints: node0:/home/vctrain/vidcluster/jobs/{job}/run/ckpts/ (best.pth, epoch_0049.pth, "
+            f"epoch_0050.pth)") in flat(out)
+    # Following printed a line per change of progress, not per poll: O(epochs), and the job's own words.
+    follow = [line for line in out.splitlines() if line.startswith(f"{job}: ")]
+    assert 3 <= len(follow) <= epochs + 5, follow
+    assert any(f"epoch {epochs}/{epochs} done" in line and "val_top1" in line for line in follow)
+    assert "included:" not in out.split("TASK [ddp_launch : Follow the job from its hub until it ends]")[1].split(
+        "TASK [")[0]
     # Each node kept its own files in its own folder of the shared home.
-    for node in cluster.nodes[:2]:
-        spec = json.loads((node_job_dir(node, job) / "job.json").read_text())
-        assert spec["node"] == node.name and spec["rank"] == cluster.nodes.index(node)
-        assert (node_job_dir(node, job) / "train.log").stat().st_size > 0
+    for node in (node0, node1):
+        plan = json.loads((node_job_dir(node, job) / "plan.json").read_text())
+        assert plan["node"] == node.name and plan["paths"]["job_dir"].endswith(f"/{job}/{node.name}")
+        assert oct((node_job_dir(node, job) / "secret").stat().st_mode & 0o777) == "0o600"
     assert (REPO / "runs" / job / "logs" / "node1.log").exists()
-
-    # The same launch again: the job finished with this config, nothing is started or changed.
-    again = launch(cluster, *args)
-    assert "already finished with this config on every node: nothing to run" in flat(again.stdout)
-    assert changed_total(again.stdout, ["node1"]) == 0
-
-
-def test_killed_trainer_ends_the_job_without_a_controller(cluster: LocalCluster) -> None:
-    job = f"{cluster.name}-alone"
-    launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "wait=false", *epochs(200))
-    wait_for_epoch(cluster, job, 1)
-    running = cluster.playbook("training-status.yml", "-e", f"job_id={job}")
-    assert flat(running.stdout).count(f"{job}: running (pid ") == 3, running.stdout[-3000:]
-    assert "rank 0 running: epoch" in flat(running.stdout)
-
-    os.kill(trainer_pid(job, cluster.nodes[2]), signal.SIGKILL)
-    elapsed = wait_until_gone(job, 120)
-    print(f"every process of the job ended {elapsed:.1f} s after the kill")
-    status = cluster.playbook("training-status.yml", "-e", f"job_id={job}")
-    assert (f"Job {job}: the first failure was on node2: its trainer was killed by signal 9 (SIGKILL)"
-            in flat(status.stdout)), status.stdout[-3000:]
-    assert f"{job}: stopped (node2 failed first: its trainer was killed by signal 9" in flat(status.stdout)
-    # The reason is in every node's log and in rank 0's status file.
-    for node in cluster.nodes[:2]:
-        assert "node2 failed first: its trainer was killed by signal 9" in (node_job_dir(node, job) / "train.log"
-                                                                            ).read_text()
-    assert json.loads((run_dir(cluster, job) / "status.json").read_text())["first_failure"]["node"] == "node2"
-
-    # stop-training.yml on a running job: every node's processes end, and the nodes say so.
-    job = f"{cluster.name}-stop"
-    launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "wait=false", *epochs(200))
-    wait_for_epoch(cluster, job, 1)
-    stop = cluster.playbook("stop-training.yml", "-e", f"job_id={job}")
     assert job_processes(job) == []
-    assert flat(stop.stdout).count("stopped now") == 3
-    assert changed_total(stop.stdout, cluster.names) == 3
-    assert flat(cluster.playbook("stop-training.yml", "-e", f"job_id={job}").stdout).count("nothing to stop") == 3
+
+    # The same launch again: the job finished with this config, nothing is started or changed anywhere.
+    again = launch(cluster, *TWO_NODES, "-e", f"config={CONFIG}", "-e", f"job_id={job}",
+                   *training(epochs, LOG_FILENAME="train-log.txt", SAVE_DIR="ckpts"))
+    assert "already finished with this config on every node: nothing to run" in flat(again.stdout)
+    assert changed_total(again.stdout, ["node0", "node1"]) == 0
 
 
-def test_controller_losing_rank0_stops_nothing_and_a_later_launch_reports_it(cluster: LocalCluster) -> None:
+def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(cluster: LocalCluster) -> None:
     node0 = cluster.nodes[0]
     job = f"{cluster.name}-blink"
-    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *epochs(60))
-    play = launch_in_background(cluster, *args, "-e", "ddp_launch_follow_grace=8", "-e", "ddp_launch_ssh_retries=1",
-                                "-e", "ddp_launch_poll_timeout=6")
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(60))
+    play = launch_in_background(cluster, *args, "-e", "ddp_launch_follow_grace=8",
+                                "-e", "ddp_launch_recheck_seconds=600")
     try:
         wait_for_epoch(cluster, job, 2, play)
         with controller_cut_off_from(node0):  # until following gave up and the job has trained to the end
@@ -319,12 +336,12 @@ def test_controller_losing_rank0_stops_nothing_and_a_later_launch_reports_it(clu
         if play.poll() is None:
             play.kill()
     assert play.returncode == 0, out[-4000:]
-    assert "no answer from node0 (rank 0) for" in flat(out) and "the job is not affected" in flat(out)
-    assert "Lost contact with node0 (rank 0) for more than 8 s" in flat(out) and "nothing was stopped" in flat(out)
-    assert "training-status.yml -e job_id=" in flat(out) and "-e follow=true" in flat(out)
+    assert f"{job}: no answer from node0 (the job's hub) since" in flat(out) and "the job is not affected" in flat(out)
+    assert f"{job}: lost contact with node0 (the job's hub) for more than 8 s" in flat(out)
+    assert "nothing was stopped" in flat(out) and f"training-status.yml -e job_id={job} -e follow=true" in flat(out)
     for node in cluster.nodes:  # it trained to the end; nothing was ever stopped
-        assert not (node_job_dir(node, job) / "train.stopped").exists()
-        assert json.loads((node_job_dir(node, job) / "train.exit").read_text())["rc"] == 0
+        state = node_state(node, job)
+        assert state["end"]["state"] == "finished" and state["record"]["restarts"] == 0, state["end"]
 
     # A later launch of the same job reports it finished and collects its results; nothing runs again.
     again = launch(cluster, *args)
@@ -335,16 +352,31 @@ def test_controller_losing_rank0_stops_nothing_and_a_later_launch_reports_it(clu
             ][-1] == 60
 
 
-def test_launching_a_running_job_again_attaches_to_it(cluster: LocalCluster) -> None:
+def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster: LocalCluster) -> None:
     job = f"{cluster.name}-attach"
-    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *epochs(30))
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(30))
     launch(cluster, *args, "-e", "wait=false")
     wait_for_epoch(cluster, job, 1)
     again = launch(cluster, *args)
-    assert f"Job {job} is running (rank 0 on node0): following it instead of starting it again" in flat(again.stdout)
-    assert "Start the training process on the rank-0 node" not in again.stdout
+    assert f"Job {job} is running (its hub on node0): following it instead of starting it again" in flat(again.stdout)
+    assert "Start the supervisor of the job's hub" not in again.stdout.split("Follow the job from its hub")[0] or (
+        "skipping" in again.stdout)
     assert f"Job {job} finished; last epoch:" in flat(again.stdout)
-    assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
     for node in cluster.nodes:  # one run, started once, never stopped
-        assert not (node_job_dir(node, job) / "train.stopped").exists()
-        assert (node_job_dir(node, job) / "train.log").read_text().count("jobctl: starting ") == 1
+        log = (node_job_dir(node, job) / "train.log").read_text()
+        assert log.count("jobctl: supervising ") == 1 and "stopping the trainer" not in log
+
+    # stop-training.yml on a running job: every node's processes end, and the nodes say so; the status says why.
+    job = f"{cluster.name}-stop"
+    launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "wait=false", *training(200))
+    wait_for_epoch(cluster, job, 1)
+    running = cluster.playbook("training-status.yml", "-e", f"job_id={job}")
+    assert flat(running.stdout).count(f"{job} on node") == 3 and "trainer running (attempt 0" in flat(running.stdout)
+    assert f"Job {job} is running; its hub is on node0" in flat(running.stdout)
+    stop = cluster.playbook("stop-training.yml", "-e", f"job_id={job}")
+    assert job_processes(job) == []
+    assert flat(stop.stdout).count("stopped now") == 3
+    assert changed_total(stop.stdout, cluster.names) == 3
+    assert flat(cluster.playbook("stop-training.yml", "-e", f"job_id={job}").stdout).count("nothing to stop") == 3
+    status = cluster.playbook("training-status.yml", "-e", f"job_id={job}")
+    assert "The job stopped:" in flat(status.stdout), status.stdout[-3000:]

@@ -18,10 +18,19 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, changed_total, flat, job_processes, node_job_dir
+from tests.cluster.conftest import (
+    REPO,
+    VENV_BIN,
+    LocalCluster,
+    changed_total,
+    flat,
+    job_processes,
+    node_job_dir,
+    stage_dataset,
+)
 
 CONFIG = "i3d_cpu_test"
-LAUNCH_ARGS = ("-e", "ddp_launch_poll_seconds=2", "-e", "ddp_launch_omp_num_threads=1", "-e", "master_port=auto",
+LAUNCH_ARGS = ("-e", "ddp_launch_poll_seconds=2", "-e", "ddp_config_omp_num_threads=1", "-e", "master_port=auto",
                "-e", "ddp_launch_follow_hours=0.25")  # fmt: skip
 # The config's run location, "~" being the cluster user's home on the rank-0 node; EXP_NAME use_time = the job id.
 SCRATCH = {"CONFIG": {"LOG": {"BASE_PATH": "~/scratch/exps", "EXP_NAME": "use_time"}}}
@@ -30,13 +39,7 @@ SCRATCH = {"CONFIG": {"LOG": {"BASE_PATH": "~/scratch/exps", "EXP_NAME": "use_ti
 @pytest.fixture(scope="module")
 def cluster(private_cluster: tuple[LocalCluster, str], tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
     cluster, _ = private_cluster
-    data = tmp_path_factory.mktemp("data") / "vidcluster-test"
-    subprocess.run(
-        [str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes", "left", "right",
-         "--train-per-class", "6", "--val-per-class", "2", "--size", "32", "--frames", "16"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    staged = cluster.playbook("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
+    staged = stage_dataset(cluster, tmp_path_factory.mktemp("data"), train=6, val=2)
     assert "No node shares" in flat(staged.stdout)  # private homes: each node unpacks its own copy
     return cluster
 
@@ -59,7 +62,7 @@ def test_dataset_path_missing_on_one_node_fails_before_anything_starts(cluster: 
     assert "CONFIG.DATA.TRAIN_ANNO_PATH = /home/vctrain/data/vidcluster-test/train.txt" in flat(proc.stdout)
     assert "node0 lacks" not in proc.stdout and "node2 lacks" not in proc.stdout
     assert job_processes(job) == []
-    assert not any((node_job_dir(node, job) / "train.pid").exists() for node in cluster.nodes)
+    assert not any((node_job_dir(node, job) / "state.json").exists() for node in cluster.nodes)
 
 
 def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: LocalCluster) -> None:
@@ -71,7 +74,7 @@ def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: Loc
                   "-e", "vidcluster_network_interface=", "-e", json.dumps(overrides))  # fmt: skip
     assert "6 process(es), gloo" in flat(proc.stdout)
     run = f"/home/vctrain/scratch/exps/{job}"
-    assert f"Run directory (checkpoints) on node0: {run}" in flat(proc.stdout)
+    assert f"Run directory on node0: {run}" in flat(proc.stdout)
     assert f"Checkpoints: node0:{run}/checkpoints/ (best.pth, epoch_0001.pth, epoch_0002.pth)" in flat(proc.stdout)
     results = REPO / "runs" / job
     assert "world size 6 (3 node(s) x 2 worker(s)" in (results / "log.txt").read_text()
@@ -86,19 +89,20 @@ def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: Loc
         assert list((node.home / "vidcluster" / "jobs" / job).rglob("*.pth")) == []
     rendered = (results / "nodes" / "node2.yaml").read_text()
     assert re.search(r"^  WORLD_RANK: 2$", rendered, re.M) and re.search(r"^  AUTO_RANK_MATCH: false$", rendered, re.M)
-    job_json = json.loads((node_job_dir(node2, job) / "job.json").read_text())
-    assert job_json["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+    plan = json.loads((node_job_dir(node2, job) / "plan.json").read_text())
+    assert plan["env"]["GLOO_SOCKET_IFNAME"] == "eth0"  # found from the node's facts: the interface of cluster_ip
     # The role's node configs are the trainer's own output for the same job description, byte for byte.
     out = results / "rerendered"
     subprocess.run([str(VENV_BIN / "python"), "-m", "trainer.node_config", "--config-file",
-                    str(REPO / "configs" / f"{CONFIG}.yaml"), "--job", str(results / "nodes" / "job.json"), "--out-dir",
-                    str(out)], cwd=REPO, check=True, capture_output=True, text=True)  # fmt: skip
+                    str(REPO / "configs" / f"{CONFIG}.yaml"), "--job", str(results / "nodes" / "launch.json"),
+                    "--out-dir", str(out)], cwd=REPO, check=True, capture_output=True, text=True)  # fmt: skip
     for node in cluster.nodes:
-        assert (out / f"{node.name}.yaml").read_bytes() == (results / "nodes" / f"{node.name}.yaml").read_bytes()
+        for name in (f"{node.name}.yaml", f"{node.name}.plan.json"):
+            assert (out / name).read_bytes() == (results / "nodes" / name).read_bytes()
 
     # node1's copy of the trainer drifts; a relaunch with one more epoch ships the code to node1 alone and resumes
     # from the checkpoint in ~/scratch on node0.
-    version = Path(json.loads((node_job_dir(node1, job) / "job.json").read_text())["env"]["PYTHONPATH"])
+    version = Path(json.loads((node_job_dir(node1, job) / "plan.json").read_text())["paths"]["code_dir"])
     assert version.parent == Path("/home/vctrain/vidcluster/code")  # the node's folder of code versions
     code = node1.home / "vidcluster" / "code" / version.name / "trainer" / "engine.py"
     code.write_text(code.read_text() + "\n# drift\n")
@@ -122,7 +126,7 @@ def test_training_status_without_a_job_lists_every_job_of_every_node(cluster: Lo
     shown = status.stdout.split("TASK [ddp_launch : Show each job's state on the node]", 1)[1].split("TASK [", 1)[0]
     for node in cluster.nodes:  # each node's own line about the job
         block = flat(shown.split(f"ok: [{node.name}] =>", 1)[1].split("ok: [", 1)[0])
-        assert f"{cluster.name}-scratch: finished (exit status 0)" in block, block
+        assert f"{cluster.name}-scratch on {node.name}: finished: attempt 0 trained to the end" in block, block
     assert Path(REPO / "runs" / f"{cluster.name}-scratch" / "curves.png").stat().st_size > 0
 
 
@@ -187,7 +191,7 @@ def test_pretrained_weights_are_fetched_once_on_the_controller_and_loaded_on_eve
         proc = launch(cluster, *args, check=False)
         assert proc.returncode != 0
         assert "checksum mismatch for the site weights of i3d_tiny" in flat(proc.stdout), proc.stdout[-3000:]
-        assert job_processes(job) == [] and not any((node_job_dir(n, job) / "train.pid").exists()
+        assert job_processes(job) == [] and not any((node_job_dir(n, job) / "state.json").exists()
                                                     for n in cluster.nodes)
         # The right table: fetched once, shipped, and every rank starts from it.
         monkeypatch.setenv("VIDCLUSTER_WEIGHTS_TABLE", str(table(sha256)))

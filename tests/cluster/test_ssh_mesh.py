@@ -113,7 +113,7 @@ def test_keys_installed_once_with_right_modes(mesh: tuple[LocalCluster, str]) ->
         lines = (ssh_dir / "authorized_keys").read_text().splitlines()
         ours = [line for line in lines if pub in line]
         assert len(ours) == 1
-        assert ours[0].startswith('from="') and f"vidcluster-cluster-key {cluster.name}" in ours[0]
+        assert ours[0].startswith('restrict,from="') and f"vidcluster-cluster-key {cluster.name}" in ours[0]
         for other in cluster.nodes:
             assert other.ip in ours[0].split()[0]
         assert any("local-cluster-controller" in line for line in lines)  # the user's other keys stay

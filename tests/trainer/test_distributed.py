@@ -24,7 +24,6 @@ from tests.trainer._dist_entry import precise_bn_batches
 from trainer.config import Config, validate_config
 from trainer.distributed import (
     DistContext,
-    DistributedError,
     PeerError,
     add_launcher_args,
     all_gather_object,

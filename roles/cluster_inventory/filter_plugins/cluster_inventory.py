@@ -1,8 +1,10 @@
-"""The inventory contract, in one place: every playbook checks the group `trainers` with it before touching a node.
+"""The inventory contract, in one place: every playbook checks the groups `trainers` and `spares` with it before
+touching a node, and the job id it acts on.
 
 ``cluster_contract`` takes one row per node (the inventory variables the contract covers, as the inventory gives
-them) and returns the normalised cluster every role reads (``cluster_inventory_layout``) plus a list of errors, each a
-sentence naming the node and the variable. Rules (inventory/README.md explains them to users):
+them, and whether the node is a spare) and returns the normalised cluster every role reads
+(``cluster_inventory_layout``) plus a list of errors, each a sentence naming the node and the variable. Rules
+(inventory/README.md explains them to users):
 
 - ``cluster_ip`` (default ``ansible_host``, default the inventory name) is an IP address; a DNS name is resolved
   once, here on the controller, and the address is what the cluster uses (``from=`` restrictions, rendezvous);
@@ -13,7 +15,12 @@ sentence naming the node and the variable. Rules (inventory/README.md explains t
   same count is the trainer's rule: `python -m trainer.node_config` checks it with the counts the launch found.)
 - ``ansible_port`` is a TCP port (default 22); node-to-node SSH (known_hosts, the check) uses it too.
 - ``ansible_user`` is the same on every node (unset = the controller's user) and not root: the cluster key lets
-  every node log in to every other as that user.
+  every node log in to every other as that user. (The login a connection really gets is checked again on the nodes
+  by playbooks/validate-inventory.yml: ``-u root`` passes this rule.)
+- spares (the group ``spares``) follow the same rules but have no ``node_rank``: they train only when one replaces
+  a lost node. A node is a trainer or a spare, not both.
+
+``job_id`` checks the job id a playbook acts on: ``-e job_id``, else the name of ``-e config`` without .yaml.
 
 Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
 """
@@ -22,9 +29,15 @@ from __future__ import annotations
 
 import getpass
 import ipaddress
+import re
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: the launcher asks the trainer
+from trainer.runtime.layout import JOB_ID_CHARS, valid_job_id
 
 
 def _is_int(value: Any) -> bool:
@@ -86,7 +99,11 @@ def _port(value: Any) -> int | None:
 
 
 def _ranks(rows: Sequence[Mapping[str, Any]], errors: list[str]) -> list[str]:
-    """Node names in rank order: by node_rank when every node has one, else inventory order."""
+    """Training node names in rank order: by node_rank when every trainer has one, else inventory order."""
+    for row in rows:
+        if row.get("spare") and row.get("node_rank") is not None:
+            errors.append(f"{row['name']}: node_rank is set on a spare; spares take the rank of the node they replace")
+    rows = [row for row in rows if not row.get("spare")]
     names = [str(row["name"]) for row in rows]
     given = {str(row["name"]): row.get("node_rank") for row in rows}
     with_rank = [name for name in names if given[name] is not None]
@@ -107,15 +124,17 @@ def _ranks(rows: Sequence[Mapping[str, Any]], errors: list[str]) -> list[str]:
 def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "") -> dict[str, Any]:
     """Check the trainers' inventory rows and normalise them; see the module docstring for the rules.
 
-    Each row: ``{name, ansible_host, cluster_ip, node_rank, gpus, ansible_port, ansible_user}`` (None = unset).
-    Returns ``{nodes: {name: node}, order, root, user, errors}`` where a node is ``{name, rank, ssh_host, port,
-    ip, names, addresses, gpus, devices}``: ``ip`` the resolved cluster address, ``names`` every name and address
-    peers may use for it (known_hosts, ssh config), ``addresses`` the IP addresses it connects from (authorized_keys
-    from=), ``gpus`` the count or None (ask nvidia-smi), ``devices`` the listed ids or None.
+    Each row: ``{name, ansible_host, cluster_ip, node_rank, gpus, ansible_port, ansible_user, spare}`` (None =
+    unset). Returns ``{nodes: {name: node}, order, spares, members, root, user, errors}`` where a node is ``{name,
+    rank, spare, ssh_host, port, ip, names, addresses, gpus, devices}``: ``rank`` None for a spare, ``ip`` the
+    resolved cluster address, ``names`` every name and address peers may use for it (known_hosts, ssh config),
+    ``addresses`` the IP addresses it connects from (authorized_keys from=), ``gpus`` the count or None (ask
+    nvidia-smi), ``devices`` the listed ids or None; ``order`` the trainers in rank order, ``spares`` the spares in
+    inventory order, ``members`` both.
     """
     errors: list[str] = []
-    if not rows:
-        return {"nodes": {}, "order": [], "root": "", "user": "", "errors": [
+    if not [row for row in rows if not row.get("spare")]:
+        return {"nodes": {}, "order": [], "spares": [], "members": [], "root": "", "user": "", "errors": [
             "the inventory has no hosts in the group 'trainers' (see inventory/README.md)"]}
     nodes: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -133,7 +152,8 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
         port = _port(row.get("ansible_port"))
         if port is None:
             errors.append(f"{name}: ansible_port {row.get('ansible_port')!r} is not a TCP port (1-65535)")
-        nodes[name] = {"name": name, "ssh_host": ssh_host, "port": port or 22, "ip": ip,
+        nodes[name] = {"name": name, "spare": bool(row.get("spare")), "rank": None,
+                       "ssh_host": ssh_host, "port": port or 22, "ip": ip,
                        "names": list(dict.fromkeys([name, ssh_host, given_ip, ip])),
                        "addresses": list(dict.fromkeys(a for a in (ip, ssh_host) if _is_ip(a))),
                        "gpus": count, "devices": devices}
@@ -154,11 +174,26 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
     order = _ranks(rows, errors)
     for rank, name in enumerate(order):
         nodes[name]["rank"] = rank
-    return {"nodes": nodes, "order": order, "root": order[0], "user": user, "errors": errors}
+    spares = [str(row["name"]) for row in rows if row.get("spare")]
+    return {"nodes": nodes, "order": order, "spares": spares, "members": order + spares, "root": order[0],
+            "user": user, "errors": errors}
+
+
+def job_id(given: Any, config: Any = "") -> dict[str, str]:
+    """``{id, error}``: the job id a playbook acts on (``given``, -e job_id; else the config's file name without
+    .yaml; '' when neither is given: every job), or why it cannot be one (it could name another folder, or break a
+    command line)."""
+    value = str(given) if given not in (None, "") else re.sub(r"\.ya?ml$", "", str(config or "").rstrip("/")
+                                                               .rsplit("/", 1)[-1])
+    if value and not valid_job_id(value):
+        source = "-e job_id" if given not in (None, "") else "the name of -e config"
+        return {"id": "", "error": f"job id {value!r} ({source}) names a folder on every node: use {JOB_ID_CHARS}"}
+    return {"id": value, "error": ""}
 
 
 class FilterModule:
     """Registers the functions above as Ansible filters."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"cluster_contract": cluster_contract, "cluster_resolve_address": resolve_address}
+        return {"cluster_contract": cluster_contract, "cluster_resolve_address": resolve_address,
+                "cluster_job_id": job_id}

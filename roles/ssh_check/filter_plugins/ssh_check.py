@@ -18,7 +18,7 @@ def targets(layout: Mapping[str, Any], source: str, sample: int = 0) -> dict[str
     """``{targets, first}`` for ``source``: every node (``first`` rotates the order to start after the source), or
     with ``sample`` > 0 its ring neighbours plus ``sample`` peers drawn at random (seeded by the source's name, so a
     rerun probes the same pairs)."""
-    order = list(layout["order"])
+    order = list(layout["members"])
     rows = [{"name": name, "host": layout["nodes"][name]["ip"], "port": layout["nodes"][name]["port"]}
             for name in order]
     index = order.index(source)

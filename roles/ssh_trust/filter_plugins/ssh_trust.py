@@ -33,7 +33,7 @@ def patterns(node: Mapping[str, Any]) -> str:
 
 
 def known_hosts_block(layout: Mapping[str, Any], facts: Mapping[str, Mapping[str, Any]], previous: str = "") -> dict:
-    """``{block, missing}``: known_hosts lines for every node of the layout, in rank order.
+    """``{block, missing}``: known_hosts lines for every node of the layout (trainers in rank order, then spares).
 
     ``facts`` holds the gathered facts of this play's nodes; a node outside the play (``--limit``) keeps its lines
     from ``previous`` (the block the controller wrote last time). ``missing`` lists nodes with neither.
@@ -43,7 +43,7 @@ def known_hosts_block(layout: Mapping[str, Any], facts: Mapping[str, Mapping[str
         if TAG in line:
             kept.setdefault(line.rsplit(TAG, 1)[1].strip(), []).append(line)
     lines, missing = [], []
-    for name in layout["order"]:
+    for name in layout["members"]:
         node = layout["nodes"][name]
         keys = host_keys(facts.get(name) or {})
         if keys:

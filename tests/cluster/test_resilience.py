@@ -1,0 +1,222 @@
+"""Jobs that heal themselves, on a real local cluster of 2 trainers and 1 spare with private homes and IPv6 cluster
+addresses (gloo, the watch and the rendezvous all over IPv6), a 10 s heartbeat timeout:
+  - an uninterrupted run (the reference: its final weights);
+  - a trainer killed (SIGKILL) mid-run: the job restarts by itself and ends with the reference's weights;
+  - a trainer frozen (SIGSTOP): caught within the heartbeat timeout, restarted, finished;
+  - restarts off (-e max_restarts=0): a kill ends the job, saying why;
+  - a node lost for good (every process of its namespace killed): the spare takes its rank and the job finishes;
+  - the rank-0 node (the job's hub) lost: the nodes choose a new hub, the spare joins, the job finishes, and the
+    controller follows the new hub.
+Slow (a few minutes): the slow lane, `bash scripts/test.sh --slow` (.ci/run runs it after the main lane).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import (
+    REPO,
+    VENV_BIN,
+    LocalCluster,
+    Node,
+    flat,
+    job_processes,
+    node_job_dir,
+    stage_dataset,
+)
+
+pytestmark = pytest.mark.slow
+
+CONFIG = "i3d_cpu_test"
+EPOCHS = 30
+LAUNCH_ARGS = (
+    "-e", f"config={CONFIG}",
+    "-e", "ddp_launch_poll_seconds=2",
+    "-e", "ddp_config_omp_num_threads=1",
+    "-e", "ddp_config_heartbeat_timeout=10",
+    "-e", "ddp_config_stop_grace=5",
+    "-e", "ddp_config_node_wait=30",
+    "-e", "ddp_launch_recheck_seconds=15",
+    "-e", "ddp_launch_follow_hours=0.25",
+    "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS}}}}),
+)  # fmt: skip
+ENV = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def cluster(local_cluster: Callable[..., LocalCluster], tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[LocalCluster]:
+    cluster = local_cluster(3, "-e", "spares=1", "-e", "ipv6=true")
+    assert [n.cluster_ip.count(":") >= 2 for n in cluster.nodes] == [True] * 3  # IPv6 cluster addresses
+    setup = cluster.playbook("setup-cluster.yml")
+    assert "9 pairs probed among 3 nodes: 9 work" in flat(setup.stdout)  # the spare is checked like the trainers
+    stage_dataset(cluster, tmp_path_factory.mktemp("data"))
+    yield cluster
+    cluster.playbook("stop-training.yml", check=False)
+
+
+def launch(cluster: LocalCluster, job: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "launch-training.yml", *LAUNCH_ARGS,
+         "-e", f"job_id={job}", *args],
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def status_of(node: Node, job: str) -> dict:
+    """The trainer's status.json in the node's own run directory (rank 0's, while the node has rank 0)."""
+    try:
+        return json.loads((node.home / "vidcluster" / "jobs" / job / "run" / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for_epoch(node: Node, job: str, epoch: int, play: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 300
+    while status_of(node, job).get("epoch", 0) < epoch:
+        if play.poll() is not None:
+            pytest.fail(f"the play ended early:\n{play.communicate()[0][-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{job} did not reach epoch {epoch}")
+        time.sleep(0.3)
+
+
+def trainer_pid(job: str, node: Node) -> int:
+    for pid in job_processes(job):
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        if f"/{job}/{node.name}\0".encode() in environ and b"VIDCLUSTER_TRAINER=" in environ:
+            return pid
+    raise AssertionError(f"no trainer of {job} on {node.name}")
+
+
+def finish(play: subprocess.Popen[str], timeout: float = 420) -> str:
+    try:
+        out, _ = play.communicate(timeout=timeout)
+    finally:
+        if play.poll() is None:
+            play.kill()
+    return out
+
+
+def record(node: Node, job: str) -> dict:
+    return json.loads((node_job_dir(node, job) / "state.json").read_text())["record"]
+
+
+def digest(job: str) -> str:
+    found = json.loads((REPO / "runs" / job / "weights_digest.json").read_text())
+    assert found["identical"], found
+    return found["digests"][0]
+
+
+@pytest.fixture(scope="module")
+def reference(cluster: LocalCluster) -> str:
+    """The final weights of an uninterrupted run (same config, same seed)."""
+    job = f"{cluster.name}-ref"
+    out = finish(launch(cluster, job))
+    assert f"Job {job} finished" in flat(out), out[-3000:]
+    assert record(cluster.nodes[0], job)["restarts"] == 0
+    return digest(job)
+
+
+def test_an_ipv6_cluster_trains_to_the_end(cluster: LocalCluster, reference: str) -> None:
+    plan = json.loads((node_job_dir(cluster.nodes[1], f"{cluster.name}-ref") / "plan.json").read_text())
+    rendered = (REPO / "runs" / f"{cluster.name}-ref" / "nodes" / "node1.yaml").read_text()
+    assert f"DIST_URL: tcp://[{cluster.nodes[0].cluster_ip}]:" in rendered
+    assert plan["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and len(reference) == 64
+
+
+def test_a_killed_trainer_restarts_by_itself_and_ends_with_the_same_weights(cluster: LocalCluster,
+                                                                             reference: str) -> None:
+    node0, node1, _ = cluster.nodes
+    job = f"{cluster.name}-kill"
+    play = launch(cluster, job)
+    wait_for_epoch(node0, job, 8, play)
+    os.kill(trainer_pid(job, node1), signal.SIGKILL)
+    out = finish(play)
+    assert play.returncode == 0, out[-4000:]
+    rec = record(node0, job)
+    assert rec["restarts"] == 1 and rec["assignment"] == {"node0": 0, "node1": 1}  # the same nodes, same ranks
+    cause = rec["attempts"][1]["cause"]
+    assert (cause["node"], cause["kind"]) == ("node1", "killed") and cause["detect_s"] < 5
+    assert f"{job}: " in out and "attempt 1" in out  # the follow says so
+    assert digest(job) == reference  # resumed exactly: the same final weights as the uninterrupted run
+
+
+def test_a_frozen_trainer_is_caught_within_the_heartbeat_timeout_and_restarted(cluster: LocalCluster) -> None:
+    node0 = cluster.nodes[0]
+    job = f"{cluster.name}-frozen"
+    play = launch(cluster, job)
+    wait_for_epoch(node0, job, 5, play)
+    os.kill(trainer_pid(job, node0), signal.SIGSTOP)  # frozen, not dead: only its silence can tell
+    out = finish(play)
+    assert play.returncode == 0, out[-4000:]
+    cause = record(node0, job)["attempts"][1]["cause"]
+    assert (cause["node"], cause["kind"]) == ("node0", "frozen")
+    assert cause["detect_s"] <= 10 + 5  # detected within the heartbeat timeout (+ 5 s)
+    assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
+
+
+def test_with_restarts_off_a_kill_ends_the_job_saying_why(cluster: LocalCluster) -> None:
+    node0, node1, _ = cluster.nodes
+    job = f"{cluster.name}-norestart"
+    play = launch(cluster, job, "-e", "max_restarts=0")
+    wait_for_epoch(node0, job, 3, play)
+    os.kill(trainer_pid(job, node1), signal.SIGKILL)
+    out = finish(play)
+    assert play.returncode != 0
+    assert "node1 failed first: its trainer was killed by signal 9 (SIGKILL); restarts are off (max_restarts 0)" in (
+        flat(out)), out[-4000:]
+    assert record(node0, job)["restarts"] == 0 and job_processes(job) == []
+
+
+def repair(cluster: LocalCluster) -> None:
+    """Bring the local cluster's nodes back (their sshd) after a test killed a whole node."""
+    cluster.create(len(cluster.nodes), "-e", "spares=1", "-e", "ipv6=true")
+
+
+def lose_node(cluster: LocalCluster, job: str, lost: Node) -> tuple[subprocess.Popen[str], str]:
+    """Launch ``job``, then kill every process of ``lost``'s namespace mid-run (its sshd, its supervisor, its trainer:
+    the machine is gone); the play and its output once the job ended. The node is brought back afterwards."""
+    play = launch(cluster, job)
+    try:
+        wait_for_epoch(cluster.nodes[0], job, 5, play)
+        pids = subprocess.run(["ip", "netns", "pids", lost.netns], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        return play, finish(play, timeout=600)
+    finally:
+        repair(cluster)
+
+
+def test_a_node_lost_for_good_is_replaced_by_the_spare(cluster: LocalCluster) -> None:
+    node0, node1, _ = cluster.nodes
+    job = f"{cluster.name}-lost"
+    play, out = lose_node(cluster, job, node1)
+    assert play.returncode == 0, out[-4000:]
+    rec = record(node0, job)
+    assert rec["assignment"] == {"node0": 0, "node2": 1} and "node1" in rec["lost"]  # the spare took rank 1
+    assert rec["attempts"][1]["cause"]["node"] == "node1"
+    assert "node2 replaces node1" in (node_job_dir(node0, job) / "train.log").read_text()
+    assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
+
+
+def test_the_rank0_node_lost_the_job_goes_on_with_a_new_hub(cluster: LocalCluster) -> None:
+    node0, node1, _ = cluster.nodes
+    job = f"{cluster.name}-root"
+    play, out = lose_node(cluster, job, node0)
+    assert play.returncode == 0, out[-4000:]
+    rec = record(node1, job)
+    assert rec["hub"] == "node1" and rec["term"] >= 1 and "node0" in rec["lost"]
+    assert rec["assignment"] == {"node1": 0, "node2": 1}  # the node with the second copy is rank 0 now
+    assert "this node is the job's hub now" in (node_job_dir(node1, job) / "train.log").read_text()
+    assert f"{job}: no answer from node0 (the job's hub)" in flat(out)  # the controller found the new hub
+    assert "Job " + job + " finished" in flat(out)
+    assert status_of(node1, job)["state"] == "finished"

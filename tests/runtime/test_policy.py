@@ -1,0 +1,77 @@
+"""Who failed first (trainer.runtime.verdict) and what the job does next (trainer.runtime.policy): pure rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainer.runtime.policy import decide
+from trainer.runtime.verdict import exit_failure, failure, first_failure, words
+
+
+def test_the_cause_comes_first_whatever_the_clocks_say() -> None:
+    # node1 was killed; node0 noticed its peer was gone (exit 1) a moment *before* node1's supervisor saw the kill.
+    lost_peer = failure("node0", *exit_failure(1), at=100.0, rc=1)
+    killed = failure("node1", *exit_failure(-9), at=100.4, rc=-9)
+    assert first_failure([lost_peer, killed])["node"] == "node1"
+    said = words(first_failure([lost_peer, killed]))
+    assert said == "node1 failed first: its trainer was killed by signal 9 (SIGKILL)"
+    bad_input = failure("node2", *exit_failure(2), at=101.0, rc=2)  # a bad input explains everything
+    assert first_failure([lost_peer, killed, bad_input])["kind"] == "rejected"
+    frozen = failure("node0", "frozen", "no heartbeat for 61 s", at=50.0)
+    assert first_failure([killed, frozen])["node"] == "node0"  # same rank of kinds: the earlier one
+    assert first_failure([]) is None
+    assert exit_failure(75)[0] == "preempted" and exit_failure(None)[0] == "killed"
+    with pytest.raises(ValueError, match="unknown failure kind"):
+        failure("node0", "crashed", "?", 0.0)
+
+
+def choose(first: dict[str, Any], previous: dict[str, Any] | None = None, lost: dict[str, str] | None = None,
+           available: tuple[str, ...] = (), used: int = 0, most: int = 3, waited: bool = False) -> Any:
+    return decide(first=first, previous=previous, assignment={"node0": 0, "node1": 1, "node2": 2},
+                  lost=lost or {}, available=available, restarts_used=used, max_restarts=most, waited=waited,
+                  node_wait=300)
+
+
+KILLED = failure("node1", *exit_failure(-9), at=1.0, rc=-9)
+
+
+def test_a_failure_restarts_the_same_nodes_in_the_same_ranks() -> None:
+    decision = choose(KILLED)
+    assert decision.action == "restart" and decision.replaced == {}
+    assert decision.assignment == {"node0": 0, "node1": 1, "node2": 2}
+    assert decision.reason.endswith("restart 1 of 3")
+
+
+def test_what_a_restart_cannot_fix_ends_the_job() -> None:
+    rejected = choose(failure("node2", *exit_failure(2), at=1.0, rc=2), available=("spare",))
+    assert (rejected.action, rejected.end_state) == ("end", "failed")
+    assert "a restart cannot fix a bad input" in rejected.reason
+    stopped = choose(failure("node0", "stopped", "stopped by user: stop-training.yml", at=1.0))
+    assert (stopped.action, stopped.end_state) == ("end", "stopped")
+    used = choose(KILLED, used=3)
+    assert used.action == "end" and "no restart left (3 of 3 used)" in used.reason
+    assert "restarts are off (max_restarts 0)" in choose(KILLED, most=0).reason
+
+
+def test_a_node_failing_again_is_replaced_by_a_spare_or_given_up_on() -> None:
+    again = choose(KILLED, previous=KILLED, available=("spare",), used=1)
+    assert again.action == "restart" and again.replaced == {"node1": "spare"}
+    assert again.assignment == {"node0": 0, "spare": 1, "node2": 2}  # the healthy nodes keep their ranks
+    no_spare = choose(KILLED, previous=KILLED, used=1)
+    assert no_spare.action == "end" and "the same way as in the attempt before" in no_spare.reason
+    other_way = choose(KILLED, previous=failure("node1", "frozen", "no heartbeat", at=0.0), used=1)
+    assert other_way.action == "restart" and other_way.replaced == {}
+
+
+def test_a_lost_node_is_replaced_and_rank_0_moves_to_the_node_with_the_second_copy() -> None:
+    lost = failure("node0", "lost", "it stopped answering the hub", at=1.0)
+    decision = choose(lost, lost={"node0": "it stopped answering the hub"}, available=("node1", "spare"))
+    assert decision.action == "restart" and decision.replaced == {"node0": "spare"}
+    assert decision.assignment == {"node1": 0, "spare": 1, "node2": 2}
+    waiting = choose(lost, lost={"node0": "it stopped answering the hub"})
+    assert waiting.action == "wait" and waiting.waiting_for == ("node0",)
+    assert "no spare: waiting up to 300 s for it to come back" in waiting.reason
+    over = choose(lost, lost={"node0": "it stopped answering the hub"}, waited=True)
+    assert over.action == "end" and "did not come back within 300 s" in over.reason

@@ -1,0 +1,121 @@
+"""``python -m trainer.runtime VERB JOB_DIR ...``: the node's verbs for its part of a job (standard library only).
+
+    start JOB_DIR [--hub ADDR]     start the node's supervisor detached (its own session); print its pid and where its
+                                   watch listens. The first member starts without --hub: it is the job's hub.
+    status JOB_DIR                 print the node's state of the job (trainer.runtime.nodestate.status)
+    wait JOB_DIR SECONDS [--since KEY]
+                                   the state once the job's progress (trainer.runtime.report.progress_key) differs
+                                   from KEY, the job ended, or SECONDS passed
+    stop JOB_DIR [--grace S] [--by WHO] [--reason WHY]
+                                   stop the job here: the trainer checkpoints at a common step, SIGKILL after the
+                                   plan's stop grace (or S seconds); idempotent
+    supervise JOB_DIR [--hub ADDR] (what start runs)
+
+Every verb but supervise prints one JSON object. The launcher reaches them through trainer.runtime.layout's entry
+point, which finds JOB_DIR and the job's code version on the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.runtime import layout, nodestate, procs, report
+
+
+def start(job_dir: str, hub: str | None) -> dict[str, Any]:
+    current = nodestate.status(job_dir)
+    if current["state"] == "running":
+        raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current['pid']}); "
+                         "stop it first")
+    argv = [sys.executable, "-m", "trainer.runtime", "supervise", job_dir, *(["--hub", hub] if hub else [])]
+    env = {**os.environ, procs.JOB_ENV: job_dir}
+    with (Path(job_dir) / layout.LOG_FILE).open("ab") as log:
+        # A new session: the job outlives the SSH connection that started it.
+        proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + 30
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline and proc.poll() is None:
+        state = nodestate.read_json(Path(job_dir) / layout.STATE_FILE) or {}
+        if state.get("pid") == proc.pid and state.get("addr"):
+            return {"pid": proc.pid, "addr": state["addr"], "mode": state.get("mode"), "state": "running"}
+        time.sleep(0.05)
+    tail = "; ".join(nodestate.log_tail(job_dir, 5))
+    raise SystemExit(f"error: the supervisor did not start (exit status {proc.poll()}): {tail}")
+
+
+def wait(job_dir: str, seconds: float, since: str) -> dict[str, Any]:
+    deadline = time.monotonic() + seconds
+    while True:
+        current = nodestate.status(job_dir)
+        if current["state"] != "running" or report.progress_key(current) != since or time.monotonic() >= deadline:
+            return current
+        time.sleep(1.0)
+
+
+def stop(job_dir: str, grace: float, by: str, reason: str) -> dict[str, Any]:
+    state = nodestate.read_json(Path(job_dir) / layout.STATE_FILE)
+    if not nodestate.supervisor_alive(job_dir, state) and not procs.job_processes(job_dir):
+        return {"changed": False, **nodestate.status(job_dir)}
+    pid = (state or {}).get("pid")
+    if isinstance(pid, int) and procs.belongs(pid, job_dir):
+        nodestate.request_stop(job_dir, pid, by, reason)
+        procs.signal_all([pid], signal.SIGTERM)  # the supervisor tells its trainer to checkpoint and stop, then ends
+        deadline = time.monotonic() + grace + 10
+        while procs.belongs(pid, job_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    left = procs.end(job_dir, 2.0)  # whatever is left of the job here (a supervisor that did not end in time)
+    return {"changed": True, "left": left, **nodestate.status(job_dir)}
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer.runtime", description="a node's part of a training job")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    for name in ("start", "supervise"):
+        sub = verbs.add_parser(name)
+        sub.add_argument("job_dir")
+        sub.add_argument("--hub", default=None, help="where the job's hub listens (host:port); none: be the hub")
+    verbs.add_parser("status").add_argument("job_dir")
+    sub = verbs.add_parser("wait")
+    sub.add_argument("job_dir")
+    sub.add_argument("seconds", type=float)
+    sub.add_argument("--since", default="", help="the progress key last seen; return as soon as it changes")
+    sub = verbs.add_parser("stop")
+    sub.add_argument("job_dir")
+    sub.add_argument("--grace", type=float, default=None, help="seconds before SIGKILL (default: the plan's)")
+    sub.add_argument("--by", default="user")
+    sub.add_argument("--reason", default="stop-training.yml")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_args_parser().parse_args(argv)
+    job_dir = os.path.realpath(os.path.expanduser(args.job_dir))
+    if args.verb == "supervise":
+        from trainer.runtime.supervisor import main as supervise
+
+        return supervise(job_dir, args.hub)
+    if args.verb == "start":
+        result = start(job_dir, args.hub)
+    elif args.verb == "status":
+        result = nodestate.status(job_dir)
+    elif args.verb == "wait":
+        result = wait(job_dir, args.seconds, args.since)
+    else:
+        plan = nodestate.read_json(Path(job_dir) / layout.PLAN_FILE) or {}
+        grace = args.grace if args.grace is not None else float((plan.get("watch") or {}).get("stop_grace", 15))
+        result = stop(job_dir, grace, args.by, args.reason)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

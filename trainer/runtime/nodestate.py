@@ -1,0 +1,88 @@
+"""The node's record of a job (state.json, written by its supervisor alone), a user's stop request (stop.request,
+written by the stop verb alone), and the node's state as ``training-status.yml`` shows it.
+
+Node states: none (never started here), running (its supervisor is up), finished, failed or stopped (how the job
+ended, as this node heard it from the hub), killed (its supervisor is gone without hearing an end: killed, or the
+machine went away).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.runtime import layout, procs
+
+TAIL_LINES = 25
+
+
+def read_json(path: str | Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    """Readers (the controller, another verb) never see half a file: write beside it, then rename over it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle)
+    os.replace(tmp, path)
+
+
+def log_tail(job_dir: str, lines: int = TAIL_LINES) -> list[str]:
+    try:
+        with (Path(job_dir) / layout.LOG_FILE).open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    # A progress bar rewrites its line with carriage returns; keep what the last rewrite shows.
+    return [line.rsplit("\r", 1)[-1] for line in text.splitlines()[-lines:]]
+
+
+def request_stop(job_dir: str, pid: int, by: str, reason: str) -> None:
+    """Ask the supervisor ``pid`` to stop the job here (a request for another pid is an old one: ignored)."""
+    write_json(Path(job_dir) / layout.STOP_REQUEST_FILE, {"pid": pid, "by": by, "reason": reason, "at": time.time()})
+
+
+def stop_request(job_dir: str, pid: int) -> dict[str, Any] | None:
+    request = read_json(Path(job_dir) / layout.STOP_REQUEST_FILE)
+    return request if request is not None and request.get("pid") == pid else None
+
+
+def supervisor_alive(job_dir: str, state: dict[str, Any] | None) -> bool:
+    return state is not None and isinstance(state.get("pid"), int) and procs.belongs(state["pid"], job_dir)
+
+
+def status(job_dir: str) -> dict[str, Any]:
+    """The node's part of the job, as its supervisor last wrote it, with what only this look can add."""
+    state = read_json(Path(job_dir) / layout.STATE_FILE)
+    plan = read_json(Path(job_dir) / layout.PLAN_FILE) or {}
+    paths = plan.get("paths") or {}
+    info: dict[str, Any] = {
+        "job_dir": job_dir, "job": plan.get("job"), "node": plan.get("node"),
+        # Where this node keeps what the launcher collects (LOG.LOG_FILENAME and LOG.SAVE_DIR as the config says).
+        "paths": {"log": str(Path(job_dir) / layout.LOG_FILE), "results": paths.get("results", []),
+                  "checkpoints": paths.get("checkpoints"), "run_dir": paths.get("run_dir")},
+    }
+    if state is None:
+        return {**info, "state": "none"}
+    info.update({key: state.get(key) for key in ("pid", "mode", "term", "trainer", "record", "progress", "end")})
+    if supervisor_alive(job_dir, state):
+        info["state"] = "running"
+        if state.get("mode") == "hub":
+            info["watch"] = read_json(Path(job_dir) / layout.WATCH_FILE)
+    else:
+        end = state.get("end") or {}
+        info["state"] = end.get("state") or "killed"
+        info["log_tail"] = log_tail(job_dir)
+    return info

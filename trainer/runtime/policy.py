@@ -1,0 +1,101 @@
+"""The restart policy: once an attempt has ended badly, end the job, wait for a lost node, or restart, and with which
+nodes in which ranks. Pure: the hub (trainer.runtime.hub) feeds it what it knows and carries out the decision.
+
+In order:
+1. a user's stop ends the job (stopped); a bad input (the trainer's exit status 2) ends it (failed): a restart
+   cannot fix either;
+2. no restart left (``max_restarts`` used) ends it;
+3. a node is replaced by a spare when it was lost, or when it fails again in the attempt after a restart; the spare
+   takes its node rank (the world size never changes, so neither does the global batch). When the rank-0 node is
+   replaced, rank 0 goes to the node that had rank 1 (it holds the second copy of the checkpoints and the run's
+   history) and the spare takes rank 1; every other node keeps its rank;
+4. without a spare: a lost node is waited for (``node_wait`` seconds), then the job ends; a node that failed the same
+   way twice in a row ends the job; a node that failed again in another way is given another try;
+5. otherwise the same nodes restart in the same ranks.
+Every restart counts toward ``max_restarts``, preemptions included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.runtime.verdict import words
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "restart", "wait" (for lost nodes to come back) or "end"
+    reason: str
+    assignment: dict[str, int] = field(default_factory=dict)  # restart: node -> node rank
+    replaced: dict[str, str] = field(default_factory=dict)  # restart: lost or failing node -> its replacement
+    end_state: str = ""  # end: "failed" or "stopped"
+    waiting_for: tuple[str, ...] = ()  # wait: the lost nodes
+
+
+def same_way(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a["node"] == b["node"] and a["kind"] == b["kind"] and a.get("rc") == b.get("rc")
+
+
+def _ranks_after(assignment: Mapping[str, int], replaced: Mapping[str, str]) -> dict[str, int]:
+    ranks = {node: rank for node, rank in assignment.items() if node not in replaced}
+    deputy = next((node for node, rank in ranks.items() if rank == 1), None)
+    for old, new in replaced.items():
+        rank = assignment[old]
+        if rank == 0 and deputy is not None:  # the node with the second copy of the checkpoints becomes rank 0
+            ranks[deputy], rank = 0, 1
+        ranks[new] = rank
+    return dict(sorted(ranks.items(), key=lambda item: item[1]))
+
+
+def decide(
+    *,
+    first: Mapping[str, Any],
+    previous: Mapping[str, Any] | None,
+    assignment: Mapping[str, int],
+    lost: Mapping[str, str],
+    available: Sequence[str],
+    restarts_used: int,
+    max_restarts: int,
+    waited: bool,
+    node_wait: float,
+) -> Decision:
+    """``first``: the attempt's first failure; ``previous``: the previous attempt's, when this attempt was a restart;
+    ``lost``: node -> why, for assigned nodes that are lost; ``available``: idle members that may join (spares first,
+    in member order); ``waited``: the wait for the lost nodes is over."""
+    said = words(first)
+    if first["kind"] == "stopped":
+        return Decision("end", f"stopped: {first['reason']}", end_state="stopped")
+    if first["kind"] == "rejected":
+        return Decision("end", f"{said}; a restart cannot fix a bad input: fix it and launch again",
+                        end_state="failed")
+    if restarts_used >= max_restarts:
+        left = ("restarts are off (max_restarts 0)" if max_restarts == 0
+                else f"no restart left ({restarts_used} of {max_restarts} used)")
+        return Decision("end", f"{said}; {left}", end_state="failed")
+    again = previous is not None and previous["node"] == first["node"] and first["node"] not in lost
+    spares = [node for node in available if node not in assignment]
+    replaced: dict[str, str] = {}
+    waiting: list[str] = []
+    for node in sorted(assignment, key=lambda n: assignment[n]):
+        if node not in lost and not (again and node == first["node"]):
+            continue
+        if spares:
+            replaced[node] = spares.pop(0)
+        elif node in lost:
+            waiting.append(node)
+        elif previous is not None and same_way(previous, first):
+            return Decision("end", f"{said}, the same way as in the attempt before, and no spare can replace it",
+                            end_state="failed")
+    if waiting:
+        lost_words = "; ".join(f"{node} was lost ({lost[node]})" for node in waiting)
+        if waited:
+            return Decision("end", f"{lost_words}; no spare could replace it, and it did not come back within "
+                                   f"{node_wait:.0f} s", end_state="failed")
+        return Decision("wait", f"{lost_words}; no spare: waiting up to {node_wait:.0f} s for it to come back",
+                        waiting_for=tuple(waiting))
+    why = f"{said}; restart {restarts_used + 1} of {max_restarts}"
+    if replaced:
+        why += "; " + ", ".join(f"{new} replaces {old}" for old, new in replaced.items())
+    return Decision("restart", why, assignment=_ranks_after(assignment, replaced), replaced=replaced)
