@@ -1,22 +1,25 @@
 """SlowFast 8x8 R50 training steps on one GPU: step time, data-wait fraction and peak memory, with the GPU levers
 off and on, measured in the same run.
 
-    .venv/bin/python -m bench.gpu_step [--steps 30] [--batch 8] [--workers 8] [--videos DIR]
+    .venv/bin/python -m bench.gpu_step [--steps 30] [--batch 8] [--workers 8] [--videos DIR] [--json FILE]
 
 Clips as configs/slowfast.yaml trains them (32 frames at stride 2, 224 px crops), batch 8, through the trainer's own
 loader (uint8 regions, pinned; crops made and normalised on the GPU, inside the measured step), model and step: SGD,
 DDP-free (one process). Rows: the plain
 float32 step; then AMP auto (bf16 where the GPU has it), channels_last_3d, cudnn.benchmark; then the same with
 torch.compile. Data: Kinetics-like videos made here (bench/decoders.py) unless --videos names a folder of .mp4
-files. Needs CUDA: on a machine without a GPU it says so and exits 0 (python -m bench shows it as skipped).
+files. Needs CUDA: on a machine without a GPU it says so and exits 0 (python -m bench shows it as skipped). --json
+also writes the rows (scripts/gpu-check.sh puts them in its table).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,20 +86,34 @@ def _forever(loader: Any) -> Any:
         epoch += 1
 
 
-def run(steps: int = 30, batch: int = 8, workers: int = 8, videos: Path | None = None) -> list[tuple[str, Any]]:
-    """Rows (setting, measurement); raises RuntimeError(NEEDS_CUDA) without a GPU."""
+# (setting, levers on, compiled), measured in this order
+SETTINGS = (("float32, no levers", False, False),
+            ("AMP auto + channels_last_3d + cudnn.benchmark", True, False),
+            ("the same + torch.compile", True, True))
+
+
+def measured(steps: int = 30, batch: int = 8, workers: int = 8,
+             videos: Path | None = None) -> Iterator[tuple[str, Any]]:
+    """Rows (setting, measurement), each as soon as it is measured; raises RuntimeError(NEEDS_CUDA) without a GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError(NEEDS_CUDA)
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         paths = sorted(map(str, videos.glob("*.mp4"))) if videos else kinetics_like(root, 4)
-        for name, on, compiled in (("float32, no levers", False, False), ("AMP auto + channels_last_3d + "
-                                   "cudnn.benchmark", True, False), ("the same + torch.compile", True, True)):
+        for name, on, compiled in SETTINGS:
             cfg = loader_config(root, paths, max(64, batch * (steps + 6)), workers)
             cfg.CONFIG.TRAIN.BATCH_SIZE = batch
-            rows.append((name, measure(levers(cfg, on, compiled), steps)))
-    return rows
+            yield name, measure(levers(cfg, on, compiled), steps)
+
+
+def run(steps: int = 30, batch: int = 8, workers: int = 8, videos: Path | None = None) -> list[tuple[str, Any]]:
+    return list(measured(steps, batch, workers, videos))
+
+
+def describe(m: dict[str, Any], base: dict[str, Any]) -> tuple[str, str]:
+    """(step time with its speed-up over ``base``, data wait and peak memory) of one row, as every table shows it."""
+    return (f"step {1000 * m['step_s']:.1f} ms ({base['step_s'] / m['step_s']:.2f}x)",
+            f"data wait {100 * m['data_wait']:.1f}%, peak {m['peak_gib']:.1f} GiB")
 
 
 def main() -> None:
@@ -105,19 +122,23 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="clips per step")
     parser.add_argument("--workers", type=int, default=8, help="DataLoader workers")
     parser.add_argument("--videos", type=Path, default=None, help="folder of .mp4 files to read instead")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
     try:
-        rows = run(args.steps, args.batch, args.workers, args.videos)
+        for name, m in measured(args.steps, args.batch, args.workers, args.videos):
+            if not rows:
+                print(f"{MODEL}, batch {args.batch}, 32x224x224 clips, {torch.cuda.get_device_name()}")
+            rows.append({"setting": name, **m})
+            print(f"  {name:<52} " + "  ".join(describe(m, rows[0])), flush=True)
+            if args.json:  # after each setting: a run cut short keeps what it measured
+                args.json.write_text(json.dumps({"rows": rows}))
     except RuntimeError as exc:
         if str(exc) != NEEDS_CUDA:
             raise
         print(f"bench.gpu_step: {NEEDS_CUDA}")
-        return
-    print(f"{MODEL}, batch {args.batch}, 32x224x224 clips, {torch.cuda.get_device_name()}")
-    base = rows[0][1]["step_s"]
-    for name, m in rows:
-        print(f"  {name:<52} step {1000 * m['step_s']:7.1f} ms ({base / m['step_s']:.2f}x)  data wait "
-              f"{100 * m['data_wait']:4.1f}%  peak {m['peak_gib']:5.1f} GiB")
+        if args.json:
+            args.json.write_text(json.dumps({"skipped": NEEDS_CUDA}))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.compat import DDP_NO_FORWARD_BUFFER_SYNC
 from trainer.config import Config
 from trainer.data.dataset import ClipSpec
 from trainer.data.transforms import ClipNormalizer
@@ -84,7 +85,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
             static_graph=not find_unused and train.ACCUM_STEPS == 1,
             gradient_as_bucket_view=True,
             bucket_cap_mb=train.DDP_BUCKET_CAP_MB,
-            forward_sync_buffers=False,  # rank 0's BatchNorm statistics reach every rank after each epoch instead
+            **DDP_NO_FORWARD_BUFFER_SYNC,  # rank 0's BatchNorm statistics reach every rank after each epoch instead
         )
     return torch.compile(model) if train.COMPILE else model
 

@@ -517,6 +517,11 @@ class ModelConfig(_Section):
         description="Allow initial weights that do not cover the whole model (the rest stays randomly "
         "initialised); False makes that an error. A classifier of another size is always re-initialised.",
     )
+    ALLOW_OTHER_CLIP: bool = Field(
+        False,
+        description="With PRETRAINED: train on a clip (DATA.CLIP_LEN, FRAME_RATE, CROP_SIZE) other than the one the "
+        "weights were trained on; False refuses that, naming the weights' values.",
+    )
     PRETRAINED_BASE: bool = Field(
         True,
         description="GluonCV: start its I3D/C2D/TPN backbones from ImageNet; not provided, so with such a model it "
@@ -581,6 +586,8 @@ def _weights_problem(model: ModelConfig) -> tuple[str, str] | None:
         for key in ("PRETRAINED_PATH", "PARTIAL_LOAD"):
             if _changed(model, key):
                 return key, "only LOAD: True or PRETRAINED: True (initial weights) use it; remove it or set one"
+    if model.ALLOW_OTHER_CLIP and not model.PRETRAINED:
+        return "ALLOW_OTHER_CLIP", "only PRETRAINED: True (published weights, whose clip is known) uses it; remove it"
     return None
 
 

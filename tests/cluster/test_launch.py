@@ -199,16 +199,24 @@ def test_errors_come_before_any_training_process(cluster: LocalCluster, tmp_path
     assert f"The rendezvous port {port} is already in use on node0" in flat(proc.stdout)
     assert "-e master_port=auto" in flat(proc.stdout)
 
-    # Nodes that do not say how many GPUs they have are asked (nvidia-smi); different counts are refused. The fake
-    # nvidia-smi (on every node's PATH: they share this machine's /usr/local/bin) shows 2 GPUs on node1 only.
+    # Nodes that do not say how many GPUs they have are asked (nvidia-smi); different counts are refused. A fake
+    # nvidia-smi, first on the nodes' PATH and bound over any of this machine's own in the two nodes' mount namespaces
+    # only, shows 2 GPUs on node1 and none on node0.
     inventory = cluster.state_dir / "no-gpus.yml"
     inventory.write_text("".join(line for line in cluster.inventory.read_text().splitlines(keepends=True)
                                  if "gpus:" not in line))
-    fake = Path("/usr/local/bin/nvidia-smi")
-    assert not fake.exists(), "this machine has an nvidia-smi of its own"
-    fake.write_text(f"#!/bin/sh\nip -4 -o addr show dev eth0 2>/dev/null | grep -q ' {node1.ip}/' || exit 127\n"
-                    "echo 'GPU 0: Fake GPU (UUID: GPU-0)'; echo 'GPU 1: Fake GPU (UUID: GPU-1)'\n")
-    fake.chmod(0o755)
+    fake, script = Path("/usr/local/bin/nvidia-smi"), cluster.state_dir / "fake-nvidia-smi"
+    script.write_text(f"#!/bin/sh\nip -4 -o addr show dev eth0 2>/dev/null | grep -q ' {node1.ip}/' || exit 127\n"
+                      "echo 'GPU 0: Fake GPU (UUID: GPU-0)'; echo 'GPU 1: Fake GPU (UUID: GPU-1)'\n")
+    script.chmod(0o755)
+    placeholder = not fake.exists()  # then the fake itself, exiting 127 (no nvidia-smi) in every other namespace
+    if placeholder:
+        fake.write_bytes(script.read_bytes())
+        fake.chmod(0o755)
+    in_nodes = [["nsenter", "-t", str(node.sshd_pid), "-m", *cmd] for node in (node0, node1)
+                for cmd in (["mount", "--bind", str(script), str(fake)], ["umount", str(fake)])]
+    for mount in in_nodes[::2]:
+        subprocess.run(mount, check=True)
     try:
         proc = subprocess.run(
             [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "launch-training.yml", *LAUNCH_ARGS,
@@ -216,7 +224,10 @@ def test_errors_come_before_any_training_process(cluster: LocalCluster, tmp_path
             cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
     finally:
-        fake.unlink()
+        for umount in in_nodes[1::2]:
+            subprocess.run(umount, check=True)
+        if placeholder:
+            fake.unlink()
     assert proc.returncode != 0
     assert "nodes have different numbers of GPUs (node0=0, node1=2)" in flat(proc.stdout), proc.stdout[-3000:]
 

@@ -160,7 +160,7 @@ def test_frozen_sshd_lost_key_and_unknown_host_key_are_told_apart(mesh: tuple[Lo
         ("node1", "node0"): "no_key", ("node1", "node1"): "no_key", ("node1", "node2"): "no_key",
         ("node2", "node2"): "timeout",
     })  # fmt: skip
-    assert "needed a second try" in proc.stdout
+    assert int(re.search(r"(\d+) needed a second try", proc.stdout)[1]) >= 2  # the two timeouts were tried again
     setup_cluster(cluster, "--tags", "keys,trust")  # puts the key and the host key back
     assert ssh_check(cluster).returncode == 0
 
@@ -207,9 +207,7 @@ def test_changed_host_key_is_reported_and_never_accepted(mesh: tuple[LocalCluste
     # updates the controller's own known_hosts; the nodes' known_hosts still hold the old key.
     restart_sshd(cluster)
     proc = ssh_check(cluster)
-    assert proc.returncode != 0
-    assert broken_pairs(proc.stdout) == {(n.name, changed.name): "changed_host_key" for n in cluster.nodes}, (
-        proc.stdout[-3000:])
+    assert_reported(proc, {(n.name, changed.name): "changed_host_key" for n in cluster.nodes})
     assert {n.name: (n.home / ".ssh" / "known_hosts").read_bytes() for n in cluster.nodes} == known_before
     # The trust step takes the new key from the controller's verified connection (the rotation test below
     # runs the whole playbook, check included, on the repaired mesh).

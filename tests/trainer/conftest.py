@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from trainer.data import make_synthetic_dataset
+from tests.trainer.prepared_videos import SYNTHETIC, make_synthetic_task, prepared_videos
+from trainer.data.synthetic import dataset_settings
 
 # Debian's ffmpeg encoder, fast settings; 8-frame GOPs so clips cross key frames. AV1 is what decord cannot open.
 AV1 = ["-c:v", "libaom-av1", "-cpu-used", "8", "-row-mt", "1", "-g", "8", "-pix_fmt", "yuv420p"]
@@ -24,12 +25,14 @@ def ffmpeg(*args: str, data: bytes | None = None) -> bytes:
 
 @pytest.fixture(scope="session")
 def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Motion-only classes 'left'/'right': 12 train + 6 val H.264 videos each, 32x32, 16 frames at 8 fps.
+    """The synthetic task (prepared_videos.make_synthetic_task), made here or made beforehand.
 
     The value holds CONFIG.DATA settings (TRAIN/VAL_ANNO_PATH, TRAIN/VAL_DATA_PATH, CLASS_INDEX, NUM_CLASSES).
     """
-    root = tmp_path_factory.mktemp("synthetic")
-    return make_synthetic_dataset(root, ("left", "right"), (12, 6), size=32, frames=16, fps=8, seed=0)
+    prepared = prepared_videos()
+    if prepared is not None:
+        return dataset_settings(prepared / SYNTHETIC, 2)
+    return make_synthetic_task(tmp_path_factory.mktemp("synthetic"))
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +57,4 @@ def mixed_dataset(
         (out / f"{split.lower()}.txt").write_text(lines)
         data[f"{split}_ANNO_PATH"] = str(out / f"{split.lower()}.txt")
     return data, av1
+

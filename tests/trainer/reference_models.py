@@ -106,9 +106,9 @@ def gluoncv_model(name: str) -> nn.Module:
         return gluoncv_action_recognition("i3d_slow").ResNet_SlowFast(
             num_classes=400, depth=50, pretrained=True, bn_eval=False)
     r2plus1d = gluoncv_action_recognition("r2plus1dv1")
-    if name == "r2plus1d_v1_resnet18_kinetics400":
-        return r2plus1d.R2Plus1D(num_classes=400, block=r2plus1d.BasicBlock, layers=[2, 2, 2, 2])
-    return r2plus1d.R2Plus1D(num_classes=400, block=r2plus1d.Bottleneck, layers=[3, 4, 6, 3])
+    block, layers = {"18": (r2plus1d.BasicBlock, [2, 2, 2, 2]), "34": (r2plus1d.BasicBlock, [3, 4, 6, 3]),
+                     "50": (r2plus1d.Bottleneck, [3, 4, 6, 3])}[name.split("resnet")[1].split("_")[0]]
+    return r2plus1d.R2Plus1D(num_classes=400, block=block, layers=layers)
 
 
 def pytorchvideo_model(name: str) -> nn.Module:

@@ -65,7 +65,8 @@ def publish(mirror: Mirror, source: str, file: str, fmt: str, model: torch.nn.Mo
     data = path.read_bytes()
     checksum = {"sha1": hashlib.sha1(data).hexdigest(), "sha256-prefix": hashlib.sha256(data).hexdigest()[:8],
                 "recorded": ""}[kind]
-    return zoo.ZooEntry(source, f"https://zoo.invalid/{file}", fmt, kind, checksum, mean, (0.25, 0.25, 0.25), models)
+    return zoo.ZooEntry(source, f"https://zoo.invalid/{file}", fmt, kind, checksum, mean, (0.25, 0.25, 0.25), models,
+                        zoo.TrainedClip(8, 1, 32))  # the clip of test_train.write_config
 
 
 @pytest.fixture

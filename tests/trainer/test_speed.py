@@ -1,6 +1,7 @@
 """The fast paths give the results of the plain ones: uint8 clips normalised on the device equal the float clips the
-workers used to make, the GPU options (channels_last_3d, torch.compile) leave a model's outputs unchanged on CPU, and
-multigrid training keeps every rank in step and resumes exactly. Speed itself is measured by ``python -m bench``."""
+references' transforms make (computed here from the videos), the GPU options (channels_last_3d, torch.compile)
+leave a model's outputs unchanged on CPU, and multigrid training keeps every rank in step and resumes exactly. Speed
+itself is measured by ``python -m bench``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import decord
 import numpy as np
 import pytest
 import torch
@@ -21,8 +23,10 @@ from tests.trainer.test_train import write_config
 from trainer.accel import ddp_module, prepare_model, wrap_ddp
 from trainer.config import load_config, validate_config
 from trainer.data import build_dataset, build_loader
+from trainer.data.dataset import VideoClipDataset
 from trainer.data.loader import EpochDistributedSampler, epoch_batches
 from trainer.data.multigrid import Grid, MultigridBatchSampler, MultigridSchedule
+from trainer.data.sampling import train_indices, val_indices
 from trainer.data.transforms import ClipNormalizer, Crop, normalize, resize_region
 from trainer.distributed import launch, single_process_context
 from trainer.models import build_model
@@ -33,27 +37,51 @@ from trainer.train import train_worker
 MEAN, STD = (0.45, 0.4, 0.35), (0.225, 0.25, 0.2)
 
 
-def float_clip_as_before(item: dict[str, Any]) -> torch.Tensor:
-    """What the workers returned before clips stayed uint8: the region resized on uint8 (torch's kernel), flipped,
-    then normalised to float32 (the transforms' old steps, verbatim)."""
-    region, (size, flip) = item["video"], item["crop"]
-    frames = region.permute(1, 0, 2, 3)  # [T, C, s, s]
-    if frames.shape[-1] != size:
-        frames = TF.resize(frames, [size, size], antialias=True)
+def clip_as_the_references_make_it(dataset: VideoClipDataset, key: int | tuple[int, int]) -> torch.Tensor:
+    """The float clip GluonCV's and PySlowFast's transforms define, computed here from the video alone (not from the
+    dataset's item): frames decoded at NEW_WIDTH x NEW_HEIGHT; the square region of a frame that becomes the crop once
+    the short side is resized to S (training: SHORT_SIDE_SIZE x U(SCALE_JITTER), at least CROP_SIZE; evaluation:
+    SHORT_SIDE_SIZE), placed at (fy, fx) of the room left (training: U(0, 1) each; validation: the centre; test: the
+    crop's place along the long side); resized bilinear with antialiasing, mirrored with probability 1/2 in
+    training, normalised. Training draws come from numpy's generator keyed (SEED, epoch, index), in this order:
+    the clip's start, the scale, (fy, fx), the flip."""
+    spec = dataset.spec
+    index, epoch = key if isinstance(key, tuple) else (key, 0)
+    video, view = divmod(index, dataset.views_per_video)
+    reader = decord.VideoReader(dataset.records[video].path, width=spec.new_width, height=spec.new_height)
+    clip = (len(reader), spec.clip_len, spec.frame_rate, spec.num_segment)
+    if dataset.split == "train":
+        rng = np.random.default_rng((dataset.seed, epoch, index))
+        indices = train_indices(*clip, rng)
+        crop, short = spec.crop_size, max(spec.short_side * rng.uniform(*spec.scale_jitter), spec.crop_size)
+        fy, fx = rng.random(2)
+        flip = spec.random_flip and rng.random() < 0.5
+    else:  # one temporal view: the centred clip; the frames are wider than high
+        indices = val_indices(*clip)
+        crop = spec.crop_size if dataset.split == "val" else spec.test_crop_size
+        short, fy, flip = spec.short_side, 0.5, False
+        fx = 0.5 if dataset.split == "val" else np.linspace(0, 1, spec.test_num_crop)[view % spec.test_num_crop]
+    frames = torch.from_numpy(reader.get_batch(list(indices)).asnumpy())  # [T, H, W, C]
+    height, width = frames.shape[1:3]
+    side = min(round(crop * min(height, width) / short), height, width)
+    top, left = round((height - side) * fy), round((width - side) * fx)
+    region = frames[:, top : top + side, left : left + side].permute(0, 3, 1, 2)  # [T, C, s, s]
+    if side != crop:
+        region = TF.resize(region, [crop, crop], antialias=True)
     if flip:
-        frames = TF.horizontal_flip(frames)
+        region = TF.horizontal_flip(region)
     mean = torch.tensor(MEAN, dtype=torch.float32).view(-1, 1, 1, 1)
     std = torch.tensor(STD, dtype=torch.float32).view(-1, 1, 1, 1)
-    return frames.permute(1, 0, 2, 3).to(torch.float32).mul_(1.0 / (255.0 * std)).sub_(mean / std).contiguous()
+    return region.permute(1, 0, 2, 3).to(torch.float32).mul_(1.0 / (255.0 * std)).sub_(mean / std).contiguous()
 
 
 @pytest.mark.parametrize("crop_on_device", [True, False], ids=["gpu-node", "cpu-node"])
 @pytest.mark.parametrize("split", ["train", "val", "test"])
-def test_uint8_batches_cropped_and_normalised_on_the_device_equal_the_float_clips(
+def test_uint8_batches_cropped_and_normalised_on_the_device_equal_the_references_float_clips(
     synthetic_dataset: dict[str, Any], split: str, crop_on_device: bool
 ) -> None:
     cfg = make_cfg(synthetic_dataset, batch_size=3, NUM_WORKERS=2, RANDOM_FLIP=True, TEST_NUM_CROP=3,
-                   NEW_WIDTH=48, MEAN=list(MEAN), STD=list(STD))
+                   MEAN=list(MEAN), STD=list(STD))  # 40x32 frames: test crops along the width
     dataset = build_dataset(cfg, split)
     dataset.crop_on_device = crop_on_device  # as build_dataset sets it on a node with (True) or without a GPU
     loader = build_loader(dataset, cfg, split, None)
@@ -67,8 +95,7 @@ def test_uint8_batches_cropped_and_normalised_on_the_device_equal_the_float_clip
     else:
         assert all(plan == (24, 24, False) for plan in plans)  # crops already
     keys = [(int(i), 0) for i in batch["index"]] if split == "train" else [int(i) for i in batch["index"]]
-    dataset.crop_on_device = True
-    expected = torch.stack([float_clip_as_before(dataset[key]) for key in keys])
+    expected = torch.stack([clip_as_the_references_make_it(dataset, key) for key in keys])
     for memory_format in (torch.contiguous_format, torch.channels_last_3d):
         normalised = ClipNormalizer(MEAN, STD, "cpu", memory_format)(video, plans)
         assert normalised.dtype == torch.float32 and normalised.is_contiguous(memory_format=memory_format)
@@ -209,6 +236,8 @@ def test_multigrid_training_keeps_ranks_in_step_and_resumes_exactly(
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copy(full / "checkpoints" / "epoch_0002.pth", resumed / "checkpoints" / "epoch_0002.pth")
     launch(train_worker, multigrid_config(synthetic_dataset, tmp_path, resumed))
+    # It resumed: it trained epoch 3 alone (training is seeded per epoch, so a restart would end the same)
+    assert [r["epoch"] for r in read_metrics(resumed / "metrics.jsonl")] == [3]
     reference = torch.load(full / "checkpoints" / "epoch_0003.pth", weights_only=True)["model"]
     final = torch.load(resumed / "checkpoints" / "epoch_0003.pth", weights_only=True)["model"]
     for name, tensor in reference.items():

@@ -106,11 +106,16 @@ def make_synthetic_dataset(
     for split in SPLITS:
         (root / f"{split}.txt").write_text("".join(lines[split]))
     write_class_index(root / "classInd.txt", list(classes))
+    return dataset_settings(root, len(classes))
+
+
+def dataset_settings(root: Path, num_classes: int) -> dict[str, str | int]:
+    """The CONFIG.DATA settings of a dataset make_synthetic_dataset wrote at ``root``."""
     return {
         "TRAIN_ANNO_PATH": str(root / "train.txt"),
         "TRAIN_DATA_PATH": str(root),
         "VAL_ANNO_PATH": str(root / "val.txt"),
         "VAL_DATA_PATH": str(root),
         "CLASS_INDEX": str(root / "classInd.txt"),
-        "NUM_CLASSES": len(classes),
+        "NUM_CLASSES": num_classes,
     }

@@ -94,10 +94,13 @@ def read_torch_file(path: Path) -> Any:
         raise WeightsError(f"{path}: not a torch file ({type(exc).__name__}: {first_line(exc)})") from None
 
 
-# State-dict names that identify a source. PySlowFast's pytorchvideo models carry a 'model.' prefix.
+# State-dict names that identify a source. PySlowFast's pytorchvideo models carry a 'model.' prefix. pytorchvideo's
+# ResNets and SlowFast start with their stem, blocks.0 (a conv, or one per pathway); a bare "blocks.0." would also
+# claim torchvision's MViT, whose transformer blocks are named so too.
 _SIGNATURES = (
     ("pyslowfast", "s1.pathway0_stem.conv.weight"),
-    ("pytorchvideo", "blocks.0."),
+    ("pytorchvideo", "blocks.0.conv."),
+    ("pytorchvideo", "blocks.0.multipathway_blocks."),
     ("gluoncv", "fast_conv1.weight"),  # SlowFast
     ("gluoncv", "first_stage.0.weight"),  # I3D_ResNetV1
     ("gluoncv", "layer1.0.conv1.weight"),  # ResNet_SlowFast (i3d_slow_*) and R2Plus1D (bottleneck)

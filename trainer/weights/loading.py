@@ -82,27 +82,23 @@ def _drop_aliases(source: WeightsFile) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_weights(
-    model: nn.Module,
-    weights: str | Path | WeightsFile,
-    *,
-    allow_partial: bool = False,
-    allow_new_head: bool = True,
-    model_name: str = "",
-) -> LoadReport:
-    """Copy the weights of ``weights`` (a path or an already read file) into ``model``; see the module doc.
+def _label(model: nn.Module, model_name: str) -> str:
+    return f"model {model_name}" if model_name else f"the {type(model).__name__} model"
 
-    ``allow_new_head`` False (evaluating a trained model) makes a missing or differently shaped classifier an error
-    like any other tensor."""
-    source = weights if isinstance(weights, WeightsFile) else read_weights(weights)
-    label = f"model {model_name}" if model_name else f"the {type(model).__name__} model"
+
+def match_weights(
+    model: nn.Module, source: WeightsFile, *, allow_new_head: bool = True, model_name: str = ""
+) -> tuple[LoadReport, dict[str, torch.Tensor]]:
+    """Where each tensor of ``source`` goes in ``model``, copying nothing: the report, and the tensors that fit under
+    our names. Needs only names and shapes, so the model and the file may live on the meta device (the zoo's tests
+    check whole published layouts that way)."""
     tensors = _drop_aliases(source)
     try:
         mapping = source_names_for(model, source.format, set(tensors))
     except UnsupportedModel:
         raise WeightsError(
-            f"{source.path}: {source.format} weights cannot be mapped onto {label}, which is not a 3D ResNet; "
-            "only files with its own tensor names load into it"
+            f"{source.path}: {source.format} weights cannot be mapped onto {_label(model, model_name)}, which is not a "
+            "3D ResNet; only files with its own tensor names load into it"
         ) from None
     target = model.state_dict()
     heads = classifier_names(model) if allow_new_head else set()
@@ -124,11 +120,28 @@ def load_weights(
         else:
             converted[ours] = value
     report.unexpected = sorted(set(tensors) - set(mapping.values()))
+    return report, converted
+
+
+def load_weights(
+    model: nn.Module,
+    weights: str | Path | WeightsFile,
+    *,
+    allow_partial: bool = False,
+    allow_new_head: bool = True,
+    model_name: str = "",
+) -> LoadReport:
+    """Copy the weights of ``weights`` (a path or an already read file) into ``model``; see the module doc.
+
+    ``allow_new_head`` False (evaluating a trained model) makes a missing or differently shaped classifier an error
+    like any other tensor."""
+    source = weights if isinstance(weights, WeightsFile) else read_weights(weights)
+    report, converted = match_weights(model, source, allow_new_head=allow_new_head, model_name=model_name)
     if not report.complete and not allow_partial:
         # PARTIAL_LOAD is for initial weights only: a trained model is evaluated whole or not at all
         partial = ", or set CONFIG.MODEL.PARTIAL_LOAD: True to load only what fits" if allow_new_head else ""
         raise WeightsError(
-            f"{source.path} ({source.format} weights) does not fit {label}: {report.problems()}; "
+            f"{source.path} ({source.format} weights) does not fit {_label(model, model_name)}: {report.problems()}; "
             f"fix the file or the model name{partial}"
         )
     model.load_state_dict(converted, strict=False)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from trainer.config import ConfigError
 from trainer.weights import zoo
 from trainer.weights.formats import WeightsError, WeightsFile, read_weights
 from trainer.weights.loading import LoadReport, load_weights
@@ -62,12 +63,28 @@ def _normalisation(cfg: Config, source: WeightsFile) -> tuple[tuple[float, ...],
     return zoo.IMAGENET
 
 
+def check_clip(cfg: Config, entry: zoo.ZooEntry) -> None:
+    """ConfigError naming every DATA key whose clip differs from the one ``entry``'s weights were trained on, unless
+    MODEL.ALLOW_OTHER_CLIP (a SlowFast 8x8 fed 16 frames gives its Slow pathway 2 frames where it learnt from 4)."""
+    data, trained = cfg.CONFIG.DATA, entry.clip
+    keys = [key for key in ("CLIP_LEN", "FRAME_RATE", "CROP_SIZE") if getattr(data, key) != getattr(trained, key)]
+    if not keys or cfg.CONFIG.MODEL.ALLOW_OTHER_CLIP:
+        return
+    ours = ", ".join(f"{key} {getattr(data, key)}" for key in keys)
+    theirs = ", ".join(f"{key}: {getattr(trained, key)}" for key in ("CLIP_LEN", "FRAME_RATE", "CROP_SIZE"))
+    raise ConfigError(
+        f"CONFIG.DATA.{ours}: the {entry.source} weights of {cfg.CONFIG.MODEL.NAME} (MODEL.PRETRAINED) were trained "
+        f"on {theirs}; train on that clip, or set CONFIG.MODEL.ALLOW_OTHER_CLIP: True to train on another"
+    )
+
+
 def initial_weights(cfg: Config) -> InitialWeights | None:
-    """What MODEL.PRETRAINED / LOAD ask the run to start from (checked to exist and, for zoo files, verified);
-    None for a random initialisation."""
+    """What MODEL.PRETRAINED / LOAD ask the run to start from (checked to exist and, for zoo files, verified; the
+    published weights' clip checked against the config's); None for a random initialisation."""
     model = cfg.CONFIG.MODEL
     if model.PRETRAINED:
         entry = zoo.entry_for(model.NAME)
+        check_clip(cfg, entry)
         return InitialWeights(pretrained_file(cfg), f"the {entry.source} Kinetics-400 weights", entry.mean, entry.std)
     if model.LOAD:
         source = read_weights(model.PRETRAINED_PATH)

@@ -17,10 +17,14 @@ Checksums, by what each source publishes (``checksum_kind``):
   fetch (``<file>.sha256``), printed, and every later use is verified against that record.
 * ``sha256``: the full SHA-256, for a site's own table (below).
 
+Each entry records the clip its weights were trained on (:class:`TrainedClip`: frames, sampling rate, crop size), as
+its source publishes it; a run that starts from the weights trains on that clip unless it says otherwise
+(``CONFIG.MODEL.ALLOW_OTHER_CLIP``, checked by :mod:`trainer.weights.pretrained`).
+
 A site's own published weights (models fine-tuned in house, a mirror with other files) extend the table: a JSON list
 of entries in the file named by ``VIDCLUSTER_WEIGHTS_TABLE``, each ``{"source", "url", "format", "checksum_kind",
-"checksum", "mean", "std", "models"}`` as in :class:`ZooEntry`. launch-training.yml ships that table to the nodes
-with the weights.
+"checksum", "mean", "std", "models", "clip": [frames, sampling rate, crop size]}`` as in :class:`ZooEntry`.
+launch-training.yml ships that table to the nodes with the weights.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import urllib.error
@@ -50,6 +55,23 @@ KINETICS = ((0.45, 0.45, 0.45), (0.225, 0.225, 0.225))  # PySlowFast and pytorch
 
 
 @dataclass(frozen=True)
+class TrainedClip:
+    """The clip a model's weights were trained on, in the config's terms: CONFIG.DATA.CLIP_LEN frames taken every
+    FRAME_RATE-th frame (of a 30 fps Kinetics video), CROP_SIZE px square crops."""
+
+    CLIP_LEN: int
+    FRAME_RATE: int
+    CROP_SIZE: int
+
+
+# GluonCV's and PySlowFast's model names say it: SlowFast and I3D take 32 frames at stride 2 (T x tau: a SlowFast 8x8
+# Slow pathway sees 8 of them, every 8th), Slow f8s8 8 frames at stride 8; R(2+1)D 16 at stride 2 in 112 px crops.
+CLIP_32X2 = TrainedClip(32, 2, 224)
+CLIP_8X8 = TrainedClip(8, 8, 224)
+CLIP_R2PLUS1D = TrainedClip(16, 2, 112)
+
+
+@dataclass(frozen=True)
 class ZooEntry:
     source: str  # gluoncv, pyslowfast, pytorchvideo or torchvision
     url: str
@@ -59,25 +81,38 @@ class ZooEntry:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     models: tuple[str, ...]  # model names (as in CONFIG.MODEL.NAME, lower case) these weights are for
+    clip: TrainedClip
 
     @property
     def file(self) -> str:
         return self.url.rsplit("/", 1)[-1]
 
 
-def _gluoncv(name: str, sha1: str, *also: str) -> ZooEntry:
+def _gluoncv(name: str, sha1: str, clip: TrainedClip, *also: str) -> ZooEntry:
     url = f"https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/torch/models/{name}-{sha1[:8]}.pth"
-    return ZooEntry("gluoncv", url, "gluoncv", "sha1", sha1, *IMAGENET, (name, *also))
+    return ZooEntry("gluoncv", url, "gluoncv", "sha1", sha1, *IMAGENET, (name, *also), clip)
 
 
-def _pyslowfast(file: str, *models: str) -> ZooEntry:
+def _pyslowfast(file: str, clip: TrainedClip, *models: str) -> ZooEntry:
     url = f"https://dl.fbaipublicfiles.com/pyslowfast/model_zoo/kinetics400/{file}"
-    return ZooEntry("pyslowfast", url, "caffe2", "recorded", "", *KINETICS, models)
+    return ZooEntry("pyslowfast", url, "caffe2", "recorded", "", *KINETICS, models, clip)
 
 
-def _pytorchvideo(file: str, *models: str) -> ZooEntry:
+def _pytorchvideo(file: str, clip: TrainedClip, *models: str) -> ZooEntry:
     url = f"https://dl.fbaipublicfiles.com/pytorchvideo/model_zoo/kinetics/{file}"
-    return ZooEntry("pytorchvideo", url, "pytorchvideo", "recorded", "", *KINETICS, models)
+    return ZooEntry("pytorchvideo", url, "pytorchvideo", "recorded", "", *KINETICS, models, clip)
+
+
+KINETICS_FPS = 30  # torchvision gives its clips' frame rate in frames per second, resampled from Kinetics' 30
+
+
+def _torchvision_clip(docs: str, crop: int) -> TrainedClip:
+    """torchvision's weights documentation says ``frame_rate=15``, ``clip_len=16``: its clips resampled to 15 fps."""
+    frames = re.search(r"clip_len=(\d+)", docs)
+    fps = re.search(r"frame_rate=([\d.]+)", docs)
+    if frames is None or fps is None:
+        raise WeightsError(f"torchvision's weights documentation no longer gives clip_len and frame_rate: {docs!r}")
+    return TrainedClip(int(frames[1]), round(KINETICS_FPS / float(fps[1])), crop)
 
 
 def _torchvision_entries() -> Iterator[ZooEntry]:
@@ -91,32 +126,37 @@ def _torchvision_entries() -> Iterator[ZooEntry]:
         transform = weights.transforms()
         prefix = weights.url.rsplit("-", 1)[-1].split(".")[0]
         yield ZooEntry("torchvision", weights.url, "torchvision", "sha256-prefix", prefix,
-                       tuple(transform.mean), tuple(transform.std), (name, f"torchvision_{name}"))
+                       tuple(transform.mean), tuple(transform.std), (name, f"torchvision_{name}"),
+                       _torchvision_clip(weights.meta["_docs"], transform.crop_size[0]))
 
 
 # GluonCV names and SHA-1s from gluoncv 0.10.5; '_custom' models start from the same Kinetics weights (GluonCV drops
 # their classifier, as our loader re-initialises a classifier of another size).
 ZOO: tuple[ZooEntry, ...] = (
-    _gluoncv("slowfast_4x16_resnet50_kinetics400", "1d1eadb258ccfc0c117db0ff0eaf1638d18405b3",
+    _gluoncv("slowfast_4x16_resnet50_kinetics400", "1d1eadb258ccfc0c117db0ff0eaf1638d18405b3", CLIP_32X2,
              "slowfast_4x16_resnet50", "slowfast_4x16_resnet50_custom"),
-    _gluoncv("slowfast_8x8_resnet50_kinetics400", "e94e9a57eaa2f4dde12673bc6632f9aa090d8c21", "slowfast_8x8_resnet50"),
-    _gluoncv("i3d_resnet50_v1_kinetics400", "185454973645ff66b6310e715863384db135d87f",
+    _gluoncv("slowfast_8x8_resnet50_kinetics400", "e94e9a57eaa2f4dde12673bc6632f9aa090d8c21", CLIP_32X2,
+             "slowfast_8x8_resnet50"),
+    _gluoncv("i3d_resnet50_v1_kinetics400", "185454973645ff66b6310e715863384db135d87f", CLIP_32X2,
              "i3d_resnet50", "i3d_resnet50_v1_custom"),
-    _gluoncv("i3d_slow_resnet50_f8s8_kinetics400", "1c3d98a1831ee477def36d6085635c2860db0b77"),
-    _gluoncv("i3d_slow_resnet50_f16s4_kinetics400", "a3e419f1b9cde3b57b9b19a9bd93281bb819a871"),
-    _gluoncv("i3d_slow_resnet50_f32s2_kinetics400", "078c817bf18d702891de553de61c9115e27c4afd",
+    _gluoncv("i3d_slow_resnet50_f8s8_kinetics400", "1c3d98a1831ee477def36d6085635c2860db0b77", CLIP_8X8),
+    _gluoncv("i3d_slow_resnet50_f16s4_kinetics400", "a3e419f1b9cde3b57b9b19a9bd93281bb819a871",
+             TrainedClip(16, 4, 224)),
+    _gluoncv("i3d_slow_resnet50_f32s2_kinetics400", "078c817bf18d702891de553de61c9115e27c4afd", CLIP_32X2,
              "i3d_slow_resnet50_f32s2_custom"),
-    _gluoncv("r2plus1d_v1_resnet18_kinetics400", "340a59522b4ffe7e3621ad4a269e4cd4a99f74b2", "r2plus1d_resnet18"),
-    _gluoncv("r2plus1d_v1_resnet34_kinetics400", "5102fd1736a2a205f5fd7bded5d2e0d2e5ca6307", "r2plus1d_resnet34"),
-    _gluoncv("r2plus1d_v1_resnet50_kinetics400", "9a3b665c182f81f22d4a105c75fac030ad20a628",
+    _gluoncv("r2plus1d_v1_resnet18_kinetics400", "340a59522b4ffe7e3621ad4a269e4cd4a99f74b2", CLIP_R2PLUS1D,
+             "r2plus1d_resnet18"),
+    _gluoncv("r2plus1d_v1_resnet34_kinetics400", "5102fd1736a2a205f5fd7bded5d2e0d2e5ca6307", CLIP_R2PLUS1D,
+             "r2plus1d_resnet34"),
+    _gluoncv("r2plus1d_v1_resnet50_kinetics400", "9a3b665c182f81f22d4a105c75fac030ad20a628", CLIP_R2PLUS1D,
              "r2plus1d_resnet50", "r2plus1d_v1_resnet50_custom"),
-    _pyslowfast("SLOWFAST_4x16_R50.pkl", "slowfast_4x16_r50"),
-    _pyslowfast("SLOWFAST_8x8_R50.pkl", "slowfast_8x8_r50"),
-    _pyslowfast("SLOWONLY_8x8_R50.pkl", "slow_8x8_r50"),
-    _pyslowfast("I3D_8x8_R50.pkl", "i3d_8x8_r50"),
-    _pytorchvideo("SLOWFAST_8x8_R50.pyth", "slowfast_r50"),
-    _pytorchvideo("SLOW_8x8_R50.pyth", "slow_r50"),
-    _pytorchvideo("I3D_8x8_R50.pyth", "i3d_r50"),
+    _pyslowfast("SLOWFAST_4x16_R50.pkl", CLIP_32X2, "slowfast_4x16_r50"),
+    _pyslowfast("SLOWFAST_8x8_R50.pkl", CLIP_32X2, "slowfast_8x8_r50"),
+    _pyslowfast("SLOWONLY_8x8_R50.pkl", CLIP_8X8, "slow_8x8_r50"),
+    _pyslowfast("I3D_8x8_R50.pkl", CLIP_8X8, "i3d_8x8_r50"),
+    _pytorchvideo("SLOWFAST_8x8_R50.pyth", CLIP_32X2, "slowfast_r50"),
+    _pytorchvideo("SLOW_8x8_R50.pyth", CLIP_8X8, "slow_r50"),
+    _pytorchvideo("I3D_8x8_R50.pyth", CLIP_8X8, "i3d_r50"),
     *_torchvision_entries(),
 )
 
@@ -130,7 +170,8 @@ def site_entries() -> tuple[ZooEntry, ...]:
         rows = json.loads(Path(path).expanduser().read_text())
         return tuple(ZooEntry(str(r["source"]), str(r["url"]), str(r["format"]), str(r["checksum_kind"]),
                               str(r.get("checksum", "")), tuple(r["mean"]), tuple(r["std"]),
-                              tuple(str(m).lower() for m in r["models"])) for r in rows)
+                              tuple(str(m).lower() for m in r["models"]), TrainedClip(*map(int, r["clip"])))
+                     for r in rows)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise WeightsError(f"${TABLE_ENV} {path}: not a table of weights ({type(exc).__name__}: {exc})") from None
 
@@ -243,7 +284,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for entry in entries():
-            print(f"{', '.join(entry.models)}: {entry.source} {entry.url} ({entry.checksum_kind})")
+            clip = entry.clip
+            print(f"{', '.join(entry.models)}: {entry.source} {entry.url} ({entry.checksum_kind}; trained on "
+                  f"{clip.CLIP_LEN} frames at stride {clip.FRAME_RATE}, {clip.CROP_SIZE} px)")
         return 0
     if not args.name:
         parser.error("NAME is required (or --list)")

@@ -1,0 +1,308 @@
+"""The GPU checks of test_gpu.py, each run in a process of its own that sees the GPUs (the test processes do not:
+tests/conftest.py hides them).
+
+    python -m tests.trainer._gpu_checks NAME [ARG]
+
+Exit status 0 with one JSON line of figures on stdout when the check holds; EXIT_SKIP with the reason as the last
+line when it cannot be checked on this machine (a CPU-only torchcodec, one GPU for a two-GPU check); anything else
+is a failure, with its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
+
+from tests.trainer.test_train import free_port
+from trainer.accel import amp_dtype, autocast, ddp_module, prepare_model, wrap_ddp
+from trainer.config import validate_config
+from trainer.data.decoders import NATIVE, BadVideo, decode_device, open_reader, read_frames, torchcodec_cuda_build
+from trainer.data.loader import stack_clips
+from trainer.data.transforms import ClipNormalizer, Crop, make_crop, normalize
+from trainer.distributed import single_process_context
+from trainer.models import build_model
+
+EXIT_SKIP = 77
+CUDA = torch.device("cuda", 0)
+
+
+class CannotCheck(Exception):
+    """What this machine lacks for the check (its message is the skip reason)."""
+
+
+def relative_error(actual: torch.Tensor | list[torch.Tensor], expected: torch.Tensor | list[torch.Tensor]) -> float:
+    """||actual - expected|| / ||expected||, of one tensor or of a list taken as one vector (parameters of every
+    size together: a tensor whose own change is tiny cannot dominate)."""
+    def flat(tensors: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        parts = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+        return torch.cat([t.detach().float().cpu().flatten() for t in parts])
+
+    expected_flat = flat(expected)
+    return ((flat(actual) - expected_flat).norm() / expected_flat.norm().clamp_min(1e-12)).item()
+
+
+def clips(count: int, frames: int = 8, size: int = 32, seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Seeded (clips, labels) batches of 4 on the GPU: the same data for every run of a check."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        yield (torch.randn(4, 3, frames, size, size, generator=gen).to(CUDA),
+               torch.randint(0, 5, (4,), generator=gen).to(CUDA))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# AMP
+
+
+def train_steps(amp: str) -> dict[str, Any]:
+    """Four SGD steps of a tiny I3D as train.py takes them (autocast, the gradient scaler for fp16 only), and what
+    they give: the losses, the weights' move, logits on held-out clips."""
+    torch.manual_seed(0)
+    model = build_model("i3d_tiny", 5, dropout=0.0).to(CUDA)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(CUDA, amp) == torch.float16)
+    ctx = single_process_context(validate_config({"DDP_CONFIG": {"DISTRIBUTED": False}}))
+    expected_dtype = amp_dtype(CUDA, amp) or torch.float32
+    losses = []
+    for x, y in clips(4):
+        with autocast(ctx, amp):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+        assert logits.dtype == expected_dtype, f"AMP {amp}: logits in {logits.dtype}, not {expected_dtype}"
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    held_out = next(clips(1, seed=1))[0]
+    with torch.no_grad():
+        logits = model.eval()(held_out).float()
+    moved = [p.detach() - initial[name] for name, p in model.named_parameters()]
+    return {"losses": losses, "moved": moved, "logits": logits, "scale": scaler.get_scale() if scaler.is_enabled()
+            else None}
+
+
+def check_amp() -> dict[str, Any]:
+    """bf16 and fp16 (with the gradient scaler) against float32: the same losses, the same weight updates (an fp16
+    step the scaler forgot to unscale would move the weights 65536x as far) and logits, within a tolerance."""
+    reference = train_steps("off")
+    figures: dict[str, Any] = {}
+    for amp, tolerance in (("bf16", 0.1), ("fp16", 0.05)):
+        if amp == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            figures[amp] = "not checked: this GPU has no bf16"
+            continue
+        run = train_steps(amp)
+        loss_error = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference["losses"], strict=True))
+        move_error = relative_error(run["moved"], reference["moved"])
+        logit_error = relative_error(run["logits"], reference["logits"])
+        figures[amp] = {"loss": round(loss_error, 5), "weight_update": round(move_error, 5),
+                        "logits": round(logit_error, 5), "scale": run["scale"]}
+        assert max(loss_error, move_error, logit_error) < tolerance, f"AMP {amp} against float32: {figures[amp]}"
+    assert reference["scale"] is None and figures["fp16"]["scale"] is not None  # the scaler runs for fp16 only
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# SyncBatchNorm
+
+
+def sync_bn_rank(rank: int, world: int, port: int, results: str) -> None:
+    """Rank ``rank``'s share of a batch through SyncBatchNorm (forward, backward, running statistics), saved for the
+    comparison with BatchNorm over the whole batch."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        device = torch.device("cuda", rank)
+        full, weights = sync_bn_data(device)
+        share = full.chunk(world)[rank].detach().requires_grad_()
+        bn = nn.SyncBatchNorm(6).to(device)
+        with torch.no_grad():
+            bn.weight.copy_(torch.linspace(0.5, 1.5, 6))
+            bn.bias.copy_(torch.linspace(-0.2, 0.2, 6))
+        if world > 1:
+            out = bn(share)  # what the trainer's converted model runs
+        else:  # a world of one takes BatchNorm's path in the module: drive the synchronising kernels themselves
+            out = SyncBatchNormFunction.apply(share, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps,
+                                              bn.momentum, dist.group.WORLD, world)
+        (out * weights.chunk(world)[rank]).sum().backward()
+        for tensor in (bn.weight.grad, bn.bias.grad):  # each rank holds its share's part; DDP sums them
+            dist.all_reduce(tensor)
+        torch.save({"out": out.detach().cpu(), "grad": share.grad.cpu(), "weight_grad": bn.weight.grad.cpu(),
+                    "bias_grad": bn.bias.grad.cpu(), "running_mean": bn.running_mean.cpu(),
+                    "running_var": bn.running_var.cpu()}, f"{results}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def sync_bn_data(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    full = torch.randn(4, 6, 4, 8, 8, generator=gen) * 3 + 1
+    return full.to(device), torch.randn(full.shape, generator=gen).to(device)
+
+
+def check_sync_bn(world: str) -> dict[str, Any]:
+    """SyncBatchNorm over ``world`` processes, one GPU each, against BatchNorm3d over the whole batch on one GPU:
+    outputs, input and parameter gradients, running statistics."""
+    processes = int(world)
+    if torch.cuda.device_count() < processes:
+        raise CannotCheck(f"needs {processes} GPUs, {torch.cuda.device_count()} visible")
+    with tempfile.TemporaryDirectory() as results:
+        mp.spawn(sync_bn_rank, args=(processes, free_port(), results), nprocs=processes, join=True)
+        shares = [torch.load(f"{results}/{rank}.pt", weights_only=True) for rank in range(processes)]
+    full, weights = sync_bn_data(CUDA)
+    full.requires_grad_()
+    bn = nn.BatchNorm3d(6).to(CUDA)
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 1.5, 6))
+        bn.bias.copy_(torch.linspace(-0.2, 0.2, 6))
+    out = bn(full)
+    (out * weights).sum().backward()
+    expected = {"out": out, "grad": full.grad, "weight_grad": bn.weight.grad, "bias_grad": bn.bias.grad,
+                "running_mean": bn.running_mean, "running_var": bn.running_var}
+    errors = {}
+    for key, tensor in expected.items():
+        per_rank = key in ("out", "grad")  # the others are the same on every rank
+        actual = torch.cat([share[key] for share in shares]) if per_rank else shares[0][key]
+        errors[key] = relative_error(actual, tensor)
+    assert max(errors.values()) < 1e-4, f"SyncBatchNorm over {processes} process(es) against BatchNorm: {errors}"
+    return {"processes": processes, "path": "module" if processes > 1 else "synchronising kernels",
+            "max_relative_error": max(errors.values())}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Crops made on the GPU
+
+
+def check_gpu_crops() -> dict[str, Any]:
+    """A batch of uint8 regions (enlarged and shrunk, some flipped), made into crops on the GPU (ClipNormalizer, as
+    a GPU node trains) and on a CPU-only node's way (the worker's uint8 crop, normalised): within one level."""
+    mean, std, size = (0.45, 0.4, 0.35), (0.225, 0.25, 0.2), 56
+    gen = torch.Generator().manual_seed(0)
+    regions = [torch.randint(0, 256, (4, side, side, 3), dtype=torch.uint8, generator=gen).permute(3, 0, 1, 2)
+               for side in (19, 40, 56, 80, 112, 168)]  # [C, T, s, s] views of [T, s, s, C] frames, as decoded
+    flips = [False, True, False, True, True, False]
+    batch = stack_clips(regions)
+    plans = [(region.shape[-1], size, flip) for region, flip in zip(regions, flips, strict=True)]
+    on_gpu = ClipNormalizer(mean, std, CUDA, torch.channels_last_3d)(batch.pin_memory(), plans)
+    assert on_gpu.device == CUDA and on_gpu.is_contiguous(memory_format=torch.channels_last_3d)
+    on_cpu = torch.stack([normalize(make_crop(Crop(region, size, flip)), mean, std)
+                          for region, flip in zip(regions, flips, strict=True)])
+    levels = (on_gpu.cpu() - on_cpu).abs() * 255 * torch.tensor(std).view(1, 3, 1, 1, 1)
+    assert levels.max() <= 1.0 + 1e-3, f"GPU crops differ from the CPU's by up to {levels.max():.3f} levels"
+    return {"max_levels": round(levels.max().item(), 4), "mean_levels": round(levels.mean().item(), 4)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Decoding on the GPU
+
+
+def check_cuda_decoding(video: str) -> dict[str, Any]:
+    """DECODER_DEVICE cuda (torchcodec on NVDEC) against the CPU: the same frames, within a few levels (YUV to RGB
+    runs on the GPU there). What the machine lacks for it (a torchcodec built with CUDA, FFmpeg libraries that can
+    hand frames to NVDEC: torchcodec then decodes on the CPU and says why) is reported as not checked."""
+    from trainer.data.decoders import torchcodec_problem
+
+    problem = torchcodec_problem()
+    if problem is None and not torchcodec_cuda_build():
+        import torchcodec
+
+        problem = f"torchcodec {torchcodec.__version__} is a CPU-only build"
+    if problem is not None:
+        raise CannotCheck(f"CUDA decoding: {problem}")
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("trainer").addHandler(handler)
+    device = decode_device("cuda", 0)
+    assert device == "cuda:0", device
+    try:
+        reader = open_reader("torchcodec", video, NATIVE, device)
+    except BadVideo as exc:
+        raise CannotCheck(f"CUDA decoding: torchcodec cannot open a video on the GPU here ({exc})") from exc
+    indices = torch.tensor([40, 0, 7, 8, 9, 15, 31, 3, 3, 12]).numpy()
+    on_gpu = read_frames(reader, indices)
+    if warnings:  # "torchcodec decodes on the CPU instead of cuda:0: <why>"
+        raise CannotCheck(f"CUDA decoding: {warnings[0]}")
+    on_cpu = read_frames(open_reader("torchcodec", video), indices)
+    assert on_gpu.device.type == "cuda" and on_gpu.shape == on_cpu.shape and on_gpu.dtype == torch.uint8
+    diff = (on_gpu.cpu().int() - on_cpu.int()).abs().float()
+    # each GPU frame is the CPU's frame at its index, far nearer to it than to any other
+    distance = (on_gpu.cpu()[:, None].int() - on_cpu[None].int()).abs().float().mean(dim=(2, 3, 4))
+    assert (indices[distance.argmin(dim=1).numpy()] == indices).all(), distance
+    assert diff.mean() < 4.0, f"GPU frames differ from the CPU's by {diff.mean():.2f} levels on average"
+    return {"mean_levels": round(diff.mean().item(), 3), "max_levels": int(diff.max().item())}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# channels_last and torch.compile
+
+
+def forward_backward(model: nn.Module, clip: torch.Tensor) -> dict[str, Any]:
+    """The outputs of a training step and every parameter's gradient (in the module's order)."""
+    out = model(clip)
+    out.sum().backward()
+    grads = [p.grad.detach().clone() for p in ddp_module(model).parameters()]
+    model.zero_grad(set_to_none=True)
+    return {"out": out.detach(), "gradients": grads}
+
+
+def check_channels_last_and_compile() -> dict[str, Any]:
+    """The trainer's TRAIN.CHANNELS_LAST and TRAIN.COMPILE on the GPU: outputs and gradients of a training step of a
+    tiny SlowFast as without them (cuDNN and Triton pick other kernels: within float32's, and TF32's, rounding)."""
+    torch.manual_seed(0)
+    plain = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)  # train mode: batch statistics
+    clip = next(clips(1, frames=16))[0]
+    expected = forward_backward(plain, clip)
+    figures = {}
+    for key in ("CHANNELS_LAST", "COMPILE"):
+        cfg = validate_config({"DDP_CONFIG": {"DISTRIBUTED": False}, "CONFIG": {"TRAIN": {key: True}}})
+        model = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)
+        model.load_state_dict(plain.state_dict())
+        fast = wrap_ddp(prepare_model(model, cfg), single_process_context(cfg), cfg)
+        if key == "CHANNELS_LAST":
+            assert next(p for p in fast.parameters() if p.dim() == 5).is_contiguous(
+                memory_format=torch.channels_last_3d)
+        got = forward_backward(fast, clip.contiguous(memory_format=torch.channels_last_3d) if key == "CHANNELS_LAST"
+                               else clip)
+        errors = {part: relative_error(got[part], expected[part]) for part in ("out", "gradients")}
+        figures[key.lower()] = errors
+        assert max(errors.values()) < 1e-2, f"{key} against neither: {errors}"
+    return figures
+
+
+CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "amp": check_amp,
+    "sync_bn": check_sync_bn,
+    "gpu_crops": check_gpu_crops,
+    "cuda_decoding": check_cuda_decoding,
+    "channels_last_and_compile": check_channels_last_and_compile,
+}
+
+
+def main(argv: list[str]) -> int:
+    if not torch.cuda.is_available():
+        print("no GPU visible to this process", file=sys.stderr)
+        return EXIT_SKIP
+    name, *args = argv
+    try:
+        figures = CHECKS[name](*args)
+    except CannotCheck as exc:
+        print(exc)
+        return EXIT_SKIP
+    print(json.dumps({"check": name, "gpu": torch.cuda.get_device_name(CUDA), **figures}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

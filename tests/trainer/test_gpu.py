@@ -1,0 +1,133 @@
+"""What only a GPU can show: nccl training with one process per GPU, AMP (bf16, fp16 with the gradient scaler),
+SyncBatchNorm, crops made on the GPU, torchcodec decoding on the GPU, channels_last and torch.compile on CUDA.
+
+Each test runs in processes of its own that see the GPUs (the test processes do not: tests/conftest.py), and skips
+saying why where there is no GPU, or where one thing it needs is missing (a second GPU, a torchcodec built with
+CUDA). The checks themselves are in _gpu_checks.py; scripts/gpu-check.sh runs these tests and bench/gpu_step.py in
+a short device window and prints one table of what held, what was measured and what could not be checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ALL_GPUS, GPUS_ENV
+from tests.trainer._gpu_checks import EXIT_SKIP
+from tests.trainer.prepared_videos import KINETICS_LIKE, prepared_videos
+from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
+
+CHECK_TIMEOUT_S = 300
+
+
+def visible_env(devices: list[str]) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+
+
+@pytest.fixture(scope="module")
+def gpus() -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of the GPUs the suite was started with (torch's count, asked in a process
+    that sees them); the module's tests skip when there are none."""
+    if not Path("/dev/nvidiactl").exists():
+        pytest.skip("no NVIDIA GPU here (no driver device /dev/nvidiactl)")
+    given = os.environ.get(GPUS_ENV, ALL_GPUS)
+    env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+    if given != ALL_GPUS:
+        env["CUDA_VISIBLE_DEVICES"] = given
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    count = int(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
+                               timeout=120).stdout)
+    if count == 0:
+        pytest.skip(f"torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES={given})")
+    return [str(i) for i in range(count)] if given == ALL_GPUS else given.split(",")[:count]
+
+
+def run_check(name: str, devices: list[str], *args: str) -> dict[str, Any]:
+    """``python -m tests.trainer._gpu_checks NAME ARGS`` on these GPUs: its figures, or a skip with its reason."""
+    proc = subprocess.run([sys.executable, "-m", "tests.trainer._gpu_checks", name, *args], cwd=REPO,
+                          env={**os.environ, **visible_env(devices)}, capture_output=True, text=True,
+                          timeout=CHECK_TIMEOUT_S, check=False)
+    if proc.returncode == EXIT_SKIP:
+        pytest.skip(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip())
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def needs(gpus: list[str], count: int) -> list[str]:
+    if len(gpus) < count:
+        pytest.skip(f"needs {count} GPUs, {len(gpus)} visible")
+    return gpus[:count]
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["1 GPU", "2 GPUs"])
+def test_nccl_training_one_process_per_gpu(
+    gpus: list[str], processes: int, synthetic_dataset: dict[str, Any], tmp_path: Path,
+    record_property: pytest.RecordProperty,
+) -> None:
+    """python -m trainer.train on 1 or 2 GPUs: nccl, one process each, AMP auto, SyncBatchNorm; every rank ends with
+    the same weights and the loss falls."""
+    devices = needs(gpus, processes)
+    cfg = write_config(tmp_path / "cfg.yaml", synthetic_dataset, tmp_path / "run", TRAIN={"SYNC_BN": True})
+    node = yaml.safe_load(cfg.read_text())
+    node["DDP_CONFIG"].update(DISTRIBUTED=True, DIST_BACKEND="nccl")  # one process per visible GPU
+    cfg.write_text(yaml.safe_dump(node))
+    run_trainer("-m", "trainer.train", "--config-file", cfg, **visible_env(devices))
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "finished" and status["world_size"] == processes
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert f"world size {processes} (1 node(s) x {processes} worker(s), backend nccl)" in log
+    assert json.loads((tmp_path / "run" / "weights_digest.json").read_text())["identical"]
+    records = metrics(tmp_path / "run")
+    assert records[-1]["train_loss"] < records[0]["train_loss"], records
+    record_property("figures", json.dumps({"epochs": len(records), "val_top1": records[-1]["val_top1"],
+                                           "train_loss": [records[0]["train_loss"], records[-1]["train_loss"]]}))
+
+
+def test_amp_bf16_and_fp16_with_the_scaler_match_float32(
+    gpus: list[str], record_property: pytest.RecordProperty
+) -> None:
+    record_property("figures", json.dumps(run_check("amp", needs(gpus, 1))))
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["1 GPU", "2 GPUs"])
+def test_sync_batchnorm_forward_and_backward_match_batchnorm_over_the_whole_batch(
+    gpus: list[str], processes: int, record_property: pytest.RecordProperty
+) -> None:
+    figures = run_check("sync_bn", needs(gpus, processes), str(processes))
+    record_property("figures", json.dumps(figures))
+
+
+def test_crops_made_on_the_gpu_match_the_cpus_within_a_level(
+    gpus: list[str], record_property: pytest.RecordProperty
+) -> None:
+    record_property("figures", json.dumps(run_check("gpu_crops", needs(gpus, 1))))
+
+
+@pytest.fixture(scope="module")
+def h264_video(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 340x256 H.264 video of 300 frames (bench/decoders.py's), prepared or made here."""
+    prepared = prepared_videos()
+    if prepared is not None:
+        return str(sorted((prepared / KINETICS_LIKE).glob("*.mp4"))[0])
+    from bench.loader import kinetics_like
+
+    return kinetics_like(tmp_path_factory.mktemp("h264"), 1)[0]
+
+
+def test_decoder_device_cuda_frames_match_the_cpus(
+    gpus: list[str], h264_video: str, record_property: pytest.RecordProperty
+) -> None:
+    record_property("figures", json.dumps(run_check("cuda_decoding", needs(gpus, 1), h264_video)))
+
+
+def test_channels_last_and_compile_leave_a_training_step_unchanged(
+    gpus: list[str], record_property: pytest.RecordProperty
+) -> None:
+    record_property("figures", json.dumps(run_check("channels_last_and_compile", needs(gpus, 1))))
