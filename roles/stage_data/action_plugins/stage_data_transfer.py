@@ -57,7 +57,7 @@ class ActionModule(ActionBase):
         self._args = dict(self._task.args)
         self._node = str(self._vars["inventory_hostname"])
         t = self._args["transfer"]
-        self._label = f"[round {self._args['round']}/{self._args['rounds']}] {self._node} <- {t['sender']}"
+        self._label = f"[round {self._args['round']}/{self._args['rounds']}] {self._node} <- {TEXT.sender_name(t)}"
         self._record = Path(self._args["run_dir"]) / f"{self._node}.json"
         start = time.monotonic()
         final = self._push(t) if t["sender"] == TEXT.CONTROLLER else self._pull(t)

@@ -53,8 +53,8 @@ def rsync_problem() -> str:
     try:
         done = subprocess.run(["rsync", "--version"], capture_output=True, text=True, check=False)
     except OSError as exc:
-        return f"rsync does not run ({exc.strerror})"
-    return "" if done.returncode == 0 else f"rsync --version exited {done.returncode}"
+        return str(exc.strerror)
+    return "" if done.returncode == 0 else f"rsync --version exits {done.returncode}"
 
 
 def point(handle: str, target: str) -> None:

@@ -79,11 +79,17 @@ def stage_data_plan(reports: Mapping[str, Mapping[str, Any]], writers: Sequence[
     return {"rounds": rounds, "files": sum(t["files"] for t in moves), "bytes": sum(t["bytes"] for t in moves)}
 
 
+def sender_name(transfer: Mapping[str, Any]) -> str:
+    """'controller', 'node1' (its complete copy) or 'node1:source' (the source folder on node1)."""
+    origin_node = transfer["origin"] and transfer["sender"] != CONTROLLER
+    return f"{transfer['sender']}:source" if origin_node else str(transfer["sender"])
+
+
 def stage_data_plan_text(plan: Mapping[str, Any], dest: str, manifest: Mapping[str, Any]) -> str:
     """One line: what is copied, in how many rounds, who sends to whom."""
     size = f"{files(manifest['files'])}, {human(manifest['bytes'])}"
     rounds = plan["rounds"]
-    steps = " | ".join(", ".join(f"{t['sender']} -> {t['receiver']}" for t in batch) for batch in rounds)
+    steps = " | ".join(", ".join(f"{sender_name(t)} -> {t['receiver']}" for t in batch) for batch in rounds)
     return (f"Copying {files(plan['files'])}, {human(plan['bytes'])} in all, to make {dest} complete ({size}) on "
             f"{sum(len(batch) for batch in rounds)} node(s) in {len(rounds)} round(s): {steps}")
 
