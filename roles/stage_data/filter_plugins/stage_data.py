@@ -96,21 +96,21 @@ def stage_data_plan_text(plan: Mapping[str, Any], dest: str, manifest: Mapping[s
 
 def stage_data_unfit(states: Mapping[str, Mapping[str, Any]], sources: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Why nodes cannot take part, each naming its node: a copy that could not be prepared, rsync that does not run
-    on a node holding a copy or the source folder. ``states``: stage_node.py prepare's output per node (or {error});
-    ``sources``: stage_node.py source's output of the source node, if any."""
+    on a node holding a copy or the source folder, too little free space for what a copy lacks. ``states``:
+    stage_node.py prepare's output per node (or {error}); ``sources``: stage_node.py source's output of the source
+    node, if any."""
     problems = [f"{node}: {state['error']}" for node, state in states.items() if "error" in state]
     no_rsync = {node: str(out["rsync"]) for node, out in [*states.items(), *sources.items()] if out.get("rsync")}
     if no_rsync:
         listed = ", ".join(f"{node} ({why})" for node, why in no_rsync.items())
         problems.append(f"rsync does not run on {listed}: install it there (Debian and Ubuntu: apt-get install "
-                        "rsync); stage-data copies with rsync, node to node over the cluster's SSH")
+                        "rsync); stage-data copies with rsync, node to node over the SSH of the cluster")
+    short = [f"{node} needs {human(r['required_bytes'])} free in {r['dir']} and has {human(r['free_bytes'])}"
+             for node, r in ((n, s.get("check") or {}) for n, s in states.items())
+             if r and int(r["required_bytes"]) > int(r["free_bytes"])]
+    if short:
+        problems.append("too little free space: " + ", ".join(short))
     return problems
-
-
-def stage_data_space_problems(reports: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """'node2 needs 1.2 GB free in /data/k400 and has 0.9 GB' for every node short of space."""
-    return [f"{node} needs {human(r['required_bytes'])} free in {r['dir']} and has {human(r['free_bytes'])}"
-            for node, r in reports.items() if int(r["required_bytes"]) > int(r["free_bytes"])]
 
 
 def _problem(report: Mapping[str, Any]) -> str:
@@ -163,8 +163,8 @@ def stage_data_moved(records: Sequence[Mapping[str, Any]], dataset_bytes: int) -
     by_nodes = sum(int(r.get("received", 0)) for r in records if r["sender"] != CONTROLLER)
     moved = sum(int(r.get("bytes", 0)) for r in records)
     ratio = f" ({sent / dataset_bytes:.2f}x the data)" if dataset_bytes else ""
-    return (f"This run copied {human(moved)} to {len(records)} node(s): the controller sent {human(sent)} (rsync's "
-            f"count){ratio}, the nodes passed {human(by_nodes)} on to each other.")
+    return (f"This run copied {human(moved)} to {len(records)} node(s): the controller sent {human(sent)} (as rsync "
+            f"counts){ratio}, the nodes passed {human(by_nodes)} on to each other.")
 
 
 class FilterModule:
@@ -176,7 +176,6 @@ class FilterModule:
             "stage_data_plan": stage_data_plan,
             "stage_data_plan_text": stage_data_plan_text,
             "stage_data_unfit": stage_data_unfit,
-            "stage_data_space_problems": stage_data_space_problems,
             "stage_data_copies": stage_data_copies,
             "stage_data_moved": stage_data_moved,
             "stage_data_size": human,
