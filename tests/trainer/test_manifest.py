@@ -137,3 +137,23 @@ def test_command_line_reports_json_and_errors_in_one_line(source: Path, tmp_path
     assert missing.returncode == 2
     assert missing.stderr.strip() == f"error: {tmp_path}/nowhere/.vidcluster-manifest.json: no manifest " \
                                      "(playbooks/stage-data.yml writes it)"
+
+
+def test_check_data_says_whether_a_folder_is_a_complete_unchanged_copy(source: Path, tmp_path: Path) -> None:
+    out, good, bad = tmp_path / "m.json", tmp_path / "good", tmp_path / "bad"
+    manifest.build(str(source), str(out), "controller:/data/k400")
+    copy_of(source, good, out)
+    copy_of(source, bad, out)
+    (bad / "train" / "ü ñ.mp4").write_bytes(b"short")
+
+    def check_data(*folders: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "trainer", "check-data", "--manifest", *map(str, folders)],
+                              capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[2])
+
+    both = check_data(good, bad)
+    assert both.returncode == 1, both.stderr
+    assert both.stdout.splitlines() == [
+        f"{good}: complete and unchanged (4 files, 0.00 GB, from controller:/data/k400)",
+        f"{bad}: NOT complete: 1 changed (train/ü ñ.mp4) (4 files, 0.00 GB, from controller:/data/k400)"]
+    missing = check_data(tmp_path / "nowhere")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "no manifest" in missing.stderr

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 FORMAT = "vidcluster-manifest/1"
 MANIFEST = ".vidcluster-manifest.json"
@@ -274,6 +275,17 @@ def report(folder: str, check: Check) -> dict[str, object]:
                      "changed": examples(e.path for e, _ in check.changed),
                      "extra": examples(rel for rel, _ in check.extra)},
     }  # fmt: skip
+
+
+def problems(report: dict[str, Any]) -> str:
+    """What is wrong with a copy, from its report: '2 missing (a.mp4, b.mp4), 1 changed (c.mp4, ...)'."""
+    parts = []
+    for kind in ("missing", "changed"):
+        if report[kind]:
+            shown = report["examples"][kind]
+            more = ", ..." if report[kind] > len(shown) else ""
+            parts.append(f"{report[kind]} {kind} ({', '.join(shown)}{more})")
+    return ", ".join(parts)
 
 
 def write_need(path: str, check: Check) -> None:

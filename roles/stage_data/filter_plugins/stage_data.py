@@ -7,10 +7,27 @@ action (action_plugins/stage_data_transfer.py) formats its progress lines with `
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 CONTROLLER = "controller"
+
+
+def _manifest_module() -> Any:
+    """trainer/data/manifest.py, the owner of what a copy lacks (loaded by path: the trainer is not installed here)."""
+    path = Path(__file__).resolve().parents[3] / "trainer" / "data" / "manifest.py"
+    spec = importlib.util.spec_from_file_location("stage_data_manifest", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+MANIFEST = _manifest_module()
 
 
 def human(n: float) -> str:
@@ -113,16 +130,6 @@ def stage_data_unfit(states: Mapping[str, Mapping[str, Any]], sources: Mapping[s
     return problems
 
 
-def _problem(report: Mapping[str, Any]) -> str:
-    parts = []
-    for kind in ("missing", "changed"):
-        if report[kind]:
-            shown = report["examples"][kind]
-            more = ", ..." if report[kind] > len(shown) else ""
-            parts.append(f"{report[kind]} {kind} ({', '.join(shown)}{more})")
-    return ", ".join(parts)
-
-
 def stage_data_copies(reports: Mapping[str, Mapping[str, Any]], sharers: Mapping[str, Sequence[str]]) -> dict:
     """Which nodes hold a complete, unchanged copy: ``{complete: [nodes], problems: [lines], text}``.
 
@@ -140,7 +147,7 @@ def stage_data_copies(reports: Mapping[str, Mapping[str, Any]], sharers: Mapping
         elif report["complete"]:
             complete += readers
         else:
-            problems.append(f"{who}: {_problem(report)}")
+            problems.append(f"{who}: {MANIFEST.problems(report)}")
     first = next(iter(copies.values()), None)
     size = f"{files(first['files'])}, {human(first['bytes'])}" if first else "no copy"
     text = (f"Complete, unchanged copies ({size}, from {first['source'] if first else '?'}): "
