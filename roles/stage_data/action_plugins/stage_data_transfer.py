@@ -3,10 +3,11 @@
 The copy is one rsync of the files this node lacks (its need list, --files-from): pushed by the controller (the first
 copy from a controller folder), pulled by this node from a node with a complete copy over the cluster's SSH mesh, or
 copied on this node (its own source folder). files/stage_node.py runs the rsync (detached on the node, so the copy
-does not hang on an Ansible connection) and keeps a progress file; this action reads it every ``poll_seconds`` and
-prints one line each time the numbers change (at most every ``report_seconds``; always at the start and the end):
-this node's files and bytes with a rate and an ETA, and the same for the whole copy, summed over every node's record
-in the controller's ``run_dir``. A copy whose heartbeat stops for ``silence_seconds`` has failed.
+does not hang on an Ansible connection) and keeps a progress file; this action reads it every ``poll_seconds`` (less
+often as a copy goes on, up to ``report_seconds``) and prints one line each time the numbers change (at most every
+``report_seconds``; always at the start and the end): this node's files and bytes with a rate and an ETA, and the
+same for the whole copy, summed over every node's record in the controller's ``run_dir``. A copy whose heartbeat
+stops for ``silence_seconds`` has failed.
 
 No value reaches a shell: rsync runs from an argv (through the command module on a node), and its remote paths are
 the stage handles (symlinks named by a hash, under the node user's home) the role made, so a folder named
@@ -163,7 +164,8 @@ class ActionModule(ActionBase):
                     shown, shown_at = numbers, now
                 if state.get("done"):
                     return state
-            time.sleep(poll)
+            # Each look is a module call on the node: a long copy is looked at less often, never past every line.
+            time.sleep(min(every, max(poll, (now - started) / 10)))
 
     def _write_record(self, t: dict[str, Any], state: dict[str, Any]) -> None:
         record = {"sender": t["sender"], "files": state.get("files", 0), "bytes": state.get("bytes", 0),
