@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.stage_data [--nodes 2 4 8 16] [--files 520]      (root; about 20 minutes on 2 cores)
 
-A dataset of already-compressed data (random bytes, 1 to 3 MiB a file: about 1.09 GB in 520 files, like short video
+A dataset of already-compressed data (random bytes, 1 to 3 MiB a file: about 1.07 GB in 520 files, like short video
 clips) is written once on the controller. For each size N: a fresh local cluster (playbooks/local-cluster.yml) with
 setup-cluster.yml (the SSH mesh the nodes copy over), then stage-data.yml three times: the first copy, a rerun with
 nothing changed, and a rerun after one 2 MiB file was added. Measured, besides wall time and the plan's rounds:
