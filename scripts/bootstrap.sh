@@ -10,8 +10,10 @@ VENV="$ROOT/.venv"
 # openssh-server/iproute2/util-linux: the local test cluster (netns hosts with their own sshd);
 # ffmpeg: synthetic H.264 videos, the tests' HEVC/VP9/AV1 videos (Debian's build has libx265, libvpx
 # and libaom) and the FFmpeg shared libraries torchcodec loads; python3-venv: Debian's interpreter,
-# which the cluster's non-root login user can execute (unlike a Python under /root).
-APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates)
+# which the cluster's non-root login user can execute (unlike a Python under /root); rsync: playbooks/stage-data.yml
+# copies datasets with it (the local test nodes run this machine's binaries).
+APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates
+  rsync)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

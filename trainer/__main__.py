@@ -3,7 +3,8 @@
     train            DDP training (= python -m trainer.train)
     test             multi-view test of a checkpoint (= python -m trainer.test)
     predict VIDEO    top-k classes of one video (= python -m trainer.predict)
-    check-data       open every video of a config's lists with its DECODER and name the bad ones
+    check-data       open every video of a config's lists with its DECODER and name the bad ones; with
+                     --manifest DIR: is DIR a complete, unchanged copy of a staged dataset (stage-data.yml)?
     make-annotations build train/val lists and a class index from a root/<class>/<video> tree
     make-dataset     write a small labelled synthetic H.264 dataset (motion classes) for demos and tests
     fetch-weights N  download model N's published Kinetics weights once into the cache; prints the file's path
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from trainer.data import check_dataset, make_synthetic_dataset, write_annotations_from_tree
 from trainer.data.decoders import ClipDecoder, DecoderUnavailable
-from trainer.errors import report_user_errors
+from trainer.errors import UserError, report_user_errors
 
 TOOLS = {"train": "trainer.train", "test": "trainer.test", "predict": "trainer.predict"}
 
@@ -32,7 +33,33 @@ def require_decoder(choice: str, chosen_by: str) -> None:
         raise DecoderUnavailable(f"{chosen_by}: {exc}") from None
 
 
+def check_copy(folders: Sequence[str]) -> int:
+    """Each folder against the manifest stage-data.yml wrote beside it: complete and unchanged, or what is wrong."""
+    from trainer.data import manifest
+
+    bad = 0
+    for folder in folders:
+        try:
+            check = manifest.verify(str(Path(folder).expanduser().resolve()), adopt=False)
+        except manifest.ManifestError as exc:
+            raise UserError(str(exc)) from None
+        report = manifest.report(folder, check)
+        size = f"{report['files']} files, {report['bytes'] / 1e9:.2f} GB, from {report['source']}"
+        if check.complete:
+            print(f"{folder}: complete and unchanged ({size})")
+        else:
+            bad += 1
+            print(f"{folder}: NOT complete: {manifest.problems(report)} ({size})")
+        if check.extra:
+            print(f"{folder}: {report['extra']} file(s) not in the manifest ({', '.join(report['examples']['extra'])})")
+    return 1 if bad else 0
+
+
 def check_data(argv: Sequence[str]) -> int:
+    if argv and argv[0] == "--manifest":
+        if len(argv) < 2:
+            raise UserError("check-data --manifest needs the folder(s) to check")
+        return check_copy(argv[1:])
     from trainer.train import get_args_parser, load_cli_config
 
     parser = argparse.ArgumentParser(prog="trainer check-data", parents=[get_args_parser(add_help=False)],

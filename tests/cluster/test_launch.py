@@ -148,6 +148,7 @@ def cluster(local_cluster: Callable[..., LocalCluster], tmp_path_factory: pytest
     folder = tmp_path_factory.mktemp("data")
     staged = stage_dataset(cluster, folder)
     assert "node0 writes it for them" in flat(staged.stdout)
+    assert "[round 1/1] node0 <- controller: done" in staged.stdout  # one copy, for the one folder all nodes share
     assert changed_total(staged.stdout, ["node1", "node2"]) == 0  # the shared folder is written by node0 alone
     again = cluster.playbook("playbooks/stage-data.yml", "-e", f"src={folder / 'vidcluster-test'}",
                              "-e", "dest=data/vidcluster-test")
