@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import (
+    PLAYBOOK_ENV,
     REPO,
     VENV_BIN,
     LocalCluster,
@@ -56,7 +57,7 @@ LAUNCH_ARGS = (
     "-e", "ddp_config_stop_grace=5",
     "-e", "ddp_launch_follow_hours=0.25",
 )  # fmt: skip
-ENV = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+ENV = PLAYBOOK_ENV
 PLAYBOOKS = ("launch-training.yml", "stop-training.yml", "training-status.yml", "setup-cluster.yml",
              "playbooks/stage-data.yml")  # fmt: skip
 
@@ -331,6 +332,25 @@ def test_only_the_jobs_nodes_are_heard_and_the_follow_prints_per_change(cluster:
                    *training(epochs, LOG_FILENAME="train-log.txt", SAVE_DIR="ckpts"))
     assert "already finished with this config on every node: nothing to run" in flat(again.stdout)
     assert changed_total(again.stdout, ["node0", "node1"]) == 0
+
+
+def test_a_launch_prints_what_matters_in_at_most_150_lines(cluster: LocalCluster) -> None:
+    """The demo's launch step, as a user sees it (ansible.cfg's output): 2 nodes, 8 epochs, from the start of the
+    playbook to the result."""
+    job = f"{cluster.name}-lines"
+    env = {key: value for key, value in ENV.items() if key != "ANSIBLE_STDOUT_CALLBACK"}
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "launch-training.yml", *TWO_NODES,
+         "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "ddp_config_omp_num_threads=1",
+         "-e", "ddp_launch_poll_seconds=5", *training(8)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 150, f"{len(lines)} lines:\n{proc.stdout}"
+    out = flat(proc.stdout)
+    assert f"Job {job} started: 2 node(s), 2 process(es), gloo" in out  # where the job runs
+    assert f"{job}: running: epoch 8/8 done" in out and f"Job {job} finished; last epoch:" in out
+    assert "skipping: [" not in proc.stdout and "included: " not in proc.stdout
 
 
 def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(cluster: LocalCluster) -> None:

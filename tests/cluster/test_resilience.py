@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import (
+    PLAYBOOK_ENV,
     REPO,
     VENV_BIN,
     LocalCluster,
@@ -48,7 +49,7 @@ LAUNCH_ARGS = (
     "-e", "ddp_launch_follow_hours=0.25",
     "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS}}}}),
 )  # fmt: skip
-ENV = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+ENV = PLAYBOOK_ENV
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, Node, changed_total, flat
+from tests.cluster.conftest import PLAYBOOK_ENV, REPO, VENV_BIN, LocalCluster, Node, changed_total, flat
 
 ROLE = REPO / "roles" / "stage_data"
 NODE_SCRIPT = ROLE / "files" / "stage_node.py"
@@ -300,7 +300,7 @@ def test_a_play_interrupted_halfway_continues_where_it_stopped(cluster: LocalClu
     play = subprocess.Popen(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "playbooks/stage-data.yml",
          "-e", json.dumps(settings)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
+        env=PLAYBOOK_ENV,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120

@@ -138,7 +138,7 @@ def node_line(node: Mapping[str, Any]) -> str:
     text = f"{node.get('job') or '?'} on {node.get('node') or '?'}: {describe(node)}"
     if "changed" in node:  # what the stop verb did
         text += "; stopped now" if node["changed"] else "; nothing to stop"
-    elif node.get("mode") == "hub" or (node.get("state") not in ("running", "none") and node.get("progress")):
+    elif node.get("mode") == "hub":  # the job's progress, once: from the hub
         text += f"; rank 0 {trainer_progress(node.get('progress'))}"
     return text
 
@@ -153,8 +153,8 @@ def freshest(states: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
 
 
 def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``{state, first, message}`` of a job from every node's state: how it ended, the node that failed first, and
-    the words (with that node's log)."""
+    """``{state, first, message, restarts}`` of a job from every node's state: how it ended, the node that failed
+    first, the words (with that node's log), and a line per restart."""
     best = freshest(states)
     record = best.get("record") or {}
     end = record.get("end") or best.get("end") or {}
@@ -168,4 +168,5 @@ def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     if failed.get("log_tail"):
         lines.append(f"Last lines of {first['node']}'s log ({failed.get('job_dir', '')}/train.log):")
         lines.extend(f"  {line}" for line in failed["log_tail"])
-    return {"state": end.get("state", ""), "first": first.get("node", ""), "message": "\n".join(lines)}
+    return {"state": end.get("state", ""), "first": first.get("node", ""), "message": "\n".join(lines),
+            "restarts": attempt_lines(record)}
