@@ -57,9 +57,10 @@ class ResumableBatches(Sampler[list[Any]]):
         self._skip = count
 
     def __iter__(self) -> Iterator[list[Any]]:
-        # Taken now, when the loader's iterator is made (not on its first batch): a pass starts where it was told to.
+        # Taken when the pass draws its first batch, not when its iterator is made: a DataLoader with workers makes
+        # one iterator it never uses before the one it does.
         skip, self._skip = self._skip, 0
-        return itertools.islice(iter(self.batches), skip, None)
+        yield from itertools.islice(self.batches, skip, None)
 
     def __len__(self) -> int:
         """Batches of the next pass."""
