@@ -1,0 +1,126 @@
+"""What checkpointing costs training, measured against baselines in the same run.
+
+1. The time the training loop is blocked per checkpoint of SlowFast 8x8 R50 with its SGD momentum (about 280 MB), as
+   the trainer writes mid-epoch and epoch checkpoints (trainer.checkpoint.CheckpointWriter: the loop copies the state
+   into CPU memory, a thread writes it through a temp file, fsync and rename), against a synchronous save of the same
+   state (the same write, in the loop: what the trainer did before), both into $TMPDIR (keep it on a disk, not tmpfs).
+   The two alternate, each starts with the disk idle, medians of a few rounds; the background write's own time
+   (copy to file on disk) is shown too.
+2. The per-step agreement (trainer.coordination.StepControl.agree: one all-reduce of three integers after every
+   optimizer step) in a 2-process gloo DDP job training bench.ddp's model, against that job's training step, both
+   timed step by step in the same run. The ranks meet at a barrier before each agreement, so its time is the
+   all-reduce's own, not the wait for a slower rank (which the next gradient all-reduce would wait for anyway).
+
+    .venv/bin/python -m bench.checkpoint [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from bench.ddp import BATCH, CLIP, MODEL, _free_port
+from trainer.accel import wrap_ddp
+from trainer.checkpoint import CheckpointWriter, save_checkpoint
+from trainer.config import validate_config
+from trainer.coordination import StepControl, StopRequest
+from trainer.data.transforms import ClipNormalizer
+from trainer.distributed import DistContext
+from trainer.models import build_model
+
+SAVED_MODEL = "slowfast_8x8_resnet50_kinetics400"
+
+
+def _training_state() -> dict[str, Any]:
+    """A checkpoint's bulk: the model and SGD's momentum buffers (made by one step of zero gradients)."""
+    torch.manual_seed(0)
+    model = build_model(SAVED_MODEL, num_classes=400)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1}
+
+
+def save_blocking(rounds: int) -> dict[str, float]:
+    """Median seconds the loop is blocked by a synchronous and by a background save, and the background write's."""
+    state = _training_state()
+    blocked: dict[str, list[float]] = {"synchronous": [], "background": [], "written": []}
+    with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as folder:  # on disk, as $TMPDIR is
+        writer = CheckpointWriter(Path(folder), keep_last=1)
+        for step in range(rounds):
+            start = time.perf_counter()
+            save_checkpoint(state, Path(folder), 0, is_best=False, keep_last=1, step=2 * step)
+            blocked["synchronous"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            writer.submit(state, 0, step=2 * step + 1)
+            blocked["background"].append(time.perf_counter() - start)
+            writer.wait()  # the next checkpoint comes CHECKPOINT_MINUTES later: this one is long on disk by then
+            blocked["written"].append(time.perf_counter() - start)
+        size = sum(p.stat().st_size for p in Path(folder).glob("*.pth")) / 2**20
+    return {**{name: statistics.median(times) for name, times in blocked.items()}, "mib": size}
+
+
+def _agreement_worker(rank: int, world: int, port: int, steps: int, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cfg = validate_config({"CONFIG": {"TRAIN": {"BATCH_SIZE": BATCH}}})
+    ctx = DistContext(rank, world, rank, world, 0, 1, torch.device("cpu"), "gloo", True, "")
+    model = wrap_ddp(build_model(MODEL, num_classes=10), ctx, cfg)
+    control = StepControl(ctx, 0.0, StopRequest())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    criterion, normalizer = nn.CrossEntropyLoss(), ClipNormalizer((0.45,) * 3, (0.225,) * 3)
+    gen = torch.Generator().manual_seed(rank)
+    clips = torch.randint(0, 256, (BATCH, 3, *CLIP), generator=gen, dtype=torch.uint8)
+    labels = torch.randint(0, 10, (BATCH,), generator=gen)
+    step_s, agree_s = [], []
+    for step in range(steps + 3):
+        start = time.perf_counter()
+        criterion(model(normalizer(clips)), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        trained = time.perf_counter()
+        dist.barrier()
+        agreed = time.perf_counter()
+        control.agree(BATCH)
+        if step >= 3:  # after DDP has built its graph and buckets
+            step_s.append(trained - start)
+            agree_s.append(time.perf_counter() - agreed)
+    Path(out, f"rank{rank}").write_text(f"{statistics.median(step_s)} {statistics.median(agree_s)}")
+    dist.destroy_process_group()
+
+
+def agreement_cost(steps: int) -> dict[str, float]:
+    """Median training step and agreement, in seconds, of a 2-process job (the mean of its ranks' medians)."""
+    with tempfile.TemporaryDirectory() as out:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        mp.spawn(_agreement_worker, args=(2, _free_port(), steps, out), nprocs=2, join=True)
+        medians = [tuple(map(float, Path(out, f"rank{r}").read_text().split())) for r in range(2)]
+    return {"step": statistics.mean(m[0] for m in medians), "agree": statistics.mean(m[1] for m in medians)}
+
+
+def run(quick: bool) -> dict[str, Any]:
+    rounds, steps = (3, 20) if quick else (5, 60)
+    return {"save": save_blocking(rounds), "agreement": agreement_cost(steps), "saved_model": SAVED_MODEL,
+            "trained_model": f"{MODEL}, batch {BATCH} of {CLIP[0]}x{CLIP[1]}x{CLIP[2]}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    print(run(parser.parse_args().quick))
+
+
+if __name__ == "__main__":
+    main()
