@@ -111,7 +111,7 @@ def agreement_cost(steps: int) -> dict[str, float]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    rounds, steps = (3, 20) if quick else (5, 60)
+    rounds, steps = (3, 20) if quick else (7, 60)
     return {"save": save_blocking(rounds), "agreement": agreement_cost(steps), "saved_model": SAVED_MODEL,
             "trained_model": f"{MODEL}, batch {BATCH} of {CLIP[0]}x{CLIP[1]}x{CLIP[2]}"}
 
