@@ -166,9 +166,9 @@ class Reporter:
 
     def step_done(self, step: int, clips: int, lr: float) -> None:
         """After optimizer ``step``, which trained ``clips`` clips on all ranks: rates and ETA in the status."""
-        self._recent.append((time.monotonic(), clips))
         if not self.enabled:
             return
+        self._recent.append((time.monotonic(), clips))
         fields: dict[str, Any] = {"state": "running", "step": step, "lr": lr}
         if len(self._recent) > 1:
             elapsed = max(self._recent[-1][0] - self._recent[0][0], 1e-9)
