@@ -112,11 +112,11 @@ def checkpoint_rows(quick: bool) -> list[Row]:
     save, agreement = r["save"], r["agreement"]
     blocked, share = save["background"] / save["synchronous"], agreement["agree"] / agreement["step"]
     return [
-        (f"checkpoint of {r['saved_model']} + SGD state ({save['mib']:.0f} MiB): training loop blocked, background vs "
+        (f"checkpoint of {r['saved_model']} + SGD state ({save['mib']:.0f} MiB): training held up, background vs "
          "synchronous save, ms", f"{1000 * save['background']:.0f}", f"{1000 * save['synchronous']:.0f}", blocked,
          "<= 0.5x", blocked <= 0.5),
-        ("  the background write itself, from the copy to the file on disk, ms", f"{1000 * save['written']:.0f}", "",
-         None, "info", None),
+        ("  the background write itself, from the copy to the file on disk (while training goes on), ms",
+         f"{1000 * save['written']:.0f}", "", None, "info", None),
         (f"per-step agreement (all-reduce of 3 integers, 2-process gloo) vs a training step ({r['trained_model']}), "
          "ms", f"{1000 * agreement['agree']:.3f}", f"{1000 * agreement['step']:.1f}", share, "<= 0.01x",
          share <= 0.01),

@@ -1,11 +1,12 @@
 """What checkpointing costs training, measured against baselines in the same run.
 
-1. The time the training loop is blocked per checkpoint of SlowFast 8x8 R50 with its SGD momentum (about 280 MB), as
-   the trainer writes mid-epoch and epoch checkpoints (trainer.checkpoint.CheckpointWriter: the loop copies the state
-   into CPU memory, a thread writes it through a temp file, fsync and rename), against a synchronous save of the same
-   state (the same write, in the loop: what the trainer did before), both into $TMPDIR (keep it on a disk, not tmpfs).
-   The two alternate, each starts with the disk idle, medians of a few rounds; the background write's own time
-   (copy to file on disk) is shown too.
+1. How long a checkpoint of SlowFast 8x8 R50 with its SGD momentum (264 MiB) holds up training: the extra time of a
+   stretch of training steps (bench.ddp's model, one thread) with a checkpoint after its first step, over the same
+   steps without one, when the trainer writes it (trainer.checkpoint.CheckpointWriter: the loop copies the state
+   into CPU memory, a thread writes it through a temp file, fsync and rename while the steps go on) and when it is
+   saved synchronously (the same write in the loop: what the trainer did before). Both write into $TMPDIR (keep it
+   on a disk, not tmpfs); plain, synchronous and background stretches alternate; medians of a few rounds. The
+   background write's own time (copy to file on disk, overlapping the steps) is shown too.
 2. The per-step agreement (trainer.coordination.StepControl.agree: one all-reduce of three integers after every
    optimizer step) in a 2-process gloo DDP job training bench.ddp's model, against that job's training step, both
    timed step by step in the same run. The ranks meet at a barrier before each agreement, so its time is the
@@ -52,23 +53,58 @@ def _training_state() -> dict[str, Any]:
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1}
 
 
-def save_blocking(rounds: int) -> dict[str, float]:
-    """Median seconds the loop is blocked by a synchronous and by a background save, and the background write's."""
-    state = _training_state()
-    blocked: dict[str, list[float]] = {"synchronous": [], "background": [], "written": []}
+def _trainer(seed: int = 0) -> Any:
+    """One training step of bench.ddp's model in this process (one thread): what a checkpoint interrupts."""
+    torch.manual_seed(seed)
+    model = build_model(MODEL, num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    criterion, normalizer = nn.CrossEntropyLoss(), ClipNormalizer((0.45,) * 3, (0.225,) * 3)
+    gen = torch.Generator().manual_seed(seed)
+    clips = torch.randint(0, 256, (BATCH, 3, *CLIP), generator=gen, dtype=torch.uint8)
+    labels = torch.randint(0, 10, (BATCH,), generator=gen)
+
+    def step() -> None:
+        criterion(model(normalizer(clips)), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _steps(step: Any, count: int, save: Any = None) -> list[float]:
+    """Seconds of each of ``count`` training steps, ``save`` called after the first (inside its time)."""
+    times = []
+    for i in range(count):
+        start = time.perf_counter()
+        step()
+        if i == 0 and save is not None:
+            save()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def save_delay(rounds: int, steps: int) -> dict[str, float]:
+    """How long a checkpoint holds up a stretch of training steps, saved synchronously and in the background (the
+    write overlapping the steps after it): each stretch's steps beyond its own median step (so a slower moment of
+    the shared machine does not count), medians over rounds; and the background write's own time."""
+    torch.set_num_threads(1)
+    state, step = _training_state(), _trainer()
+    _steps(step, 3)  # warm up
+    held: dict[str, list[float]] = {"synchronous": [], "background": [], "written": []}
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as folder:  # on disk, as $TMPDIR is
         writer = CheckpointWriter(Path(folder), keep_last=1)
-        for step in range(rounds):
-            start = time.perf_counter()
-            save_checkpoint(state, Path(folder), 0, is_best=False, keep_last=1, step=2 * step)
-            blocked["synchronous"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            writer.submit(state, 0, step=2 * step + 1)
-            blocked["background"].append(time.perf_counter() - start)
-            writer.wait()  # the next checkpoint comes CHECKPOINT_MINUTES later: this one is long on disk by then
-            blocked["written"].append(time.perf_counter() - start)
+        for i in range(rounds):
+            sync = _steps(step, steps, lambda i=i: save_checkpoint(state, Path(folder), 0, False, 1, step=2 * i))
+            background = _steps(step, steps, lambda i=i: writer.submit(state, 0, step=2 * i + 1))
+            if writer.busy():
+                raise RuntimeError("the background write outlasted the steps measured: measure more steps")
+            writer.wait()
+            for name, times in (("synchronous", sync), ("background", background)):
+                typical = statistics.median(times)
+                held[name].append(sum(t - typical for t in times))
+            held["written"].append(writer.last_write_s)
         size = sum(p.stat().st_size for p in Path(folder).glob("*.pth")) / 2**20
-    return {**{name: statistics.median(times) for name, times in blocked.items()}, "mib": size}
+    return {**{name: statistics.median(times) for name, times in held.items()}, "mib": size}
 
 
 def _agreement_worker(rank: int, world: int, port: int, steps: int, out: str) -> None:
@@ -111,8 +147,9 @@ def agreement_cost(steps: int) -> dict[str, float]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    rounds, steps = (3, 20) if quick else (7, 60)
-    return {"save": save_blocking(rounds), "agreement": agreement_cost(steps), "saved_model": SAVED_MODEL,
+    rounds, steps = (3, 20) if quick else (5, 60)
+    return {"save": save_delay(rounds, 12), "agreement": agreement_cost(steps),
+            "saved_model": SAVED_MODEL,
             "trained_model": f"{MODEL}, batch {BATCH} of {CLIP[0]}x{CLIP[1]}x{CLIP[2]}"}
 
 

@@ -34,9 +34,11 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,19 +145,28 @@ def _copy_into(obj: Any, buffers: dict[str, torch.Tensor], place: str) -> Any:
     return obj
 
 
-def _atomic_write(write: Any, dest: Path) -> None:
-    """Write through a temp file in the same directory, fsync, then rename: a crash never leaves half a file."""
+def _atomic_write(write: Callable[[Path], Any], dest: Path) -> None:
+    """``write`` fills a temp file in the same directory; fsync, rename, fsync the directory: a crash never leaves half
+    a file, and the new one is on disk once this returns."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write(Path(tmp))
+        _fsync(Path(tmp))
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync(dest.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_checkpoint(
@@ -165,9 +176,11 @@ def save_checkpoint(
     best.pth when ``is_best``; then prune: all but the newest ``keep_last`` epoch checkpoints, every mid-epoch one
     but the newest."""
     path = ckpt_dir / checkpoint_name(epoch, step)
-    _atomic_write(lambda handle: torch.save(state, handle), path)
+    # torch.save writes a file it opens itself without holding the GIL for long; through a Python file object it
+    # would, and a background write would then slow every training step (bench/checkpoint.py).
+    _atomic_write(lambda tmp: torch.save(state, tmp), path)
     if is_best:
-        _atomic_write(lambda handle: handle.write(path.read_bytes()), ckpt_dir / BEST_NAME)
+        _atomic_write(lambda tmp: shutil.copyfile(path, tmp), ckpt_dir / BEST_NAME)
     stale = list_checkpoints(ckpt_dir)[:-keep_last] if keep_last > 0 else []
     stale += [old for old in list_checkpoints(ckpt_dir, mid_epoch=True) if is_mid_epoch(old.name)][:-1]
     for old in stale:
@@ -192,6 +205,7 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: dict[str, torch.Tensor] = {}  # the snapshots' memory, reused once their write is done
+        self.last_write_s = 0.0  # how long the last write took, from the snapshot to the file on disk
 
     def submit(self, state: dict[str, Any], epoch: int, is_best: bool = False, step: int | None = None) -> Path:
         """Snapshot ``state`` into CPU memory and start writing it (after the previous write has finished): the
@@ -212,7 +226,12 @@ class CheckpointWriter:
         except BaseException as exc:  # raised again in the training loop, by wait()
             self._error = exc
             return
-        log.info("saved %s%s in %.2f s", path, " (best)" if is_best else "", time.perf_counter() - start)
+        self.last_write_s = time.perf_counter() - start
+        log.info("saved %s%s in %.2f s", path, " (best)" if is_best else "", self.last_write_s)
+
+    def busy(self) -> bool:
+        """Whether a write is still going."""
+        return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> None:
         """Block until the write in flight, if any, is on disk; raise its error if it failed."""
