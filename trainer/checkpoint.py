@@ -6,7 +6,7 @@ Files, in the run's checkpoint dir, named so that they sort by global optimizer 
 
 * ``epoch_0003.pth``: after epoch 3 (zero-padded); the newest TRAIN.KEEP_LAST are kept, and ``best.pth``;
 * ``epoch_0003_step_00001234.pth``: mid-epoch, in epoch 4 after global optimizer step 1234 (TRAIN.CHECKPOINT_MINUTES,
-  or a stop on a signal); only the newest mid-epoch one is kept: an older one goes once a newer one is written.
+  or a stop on a signal); the two newest are kept (MID_EPOCH_KEPT).
 
 A checkpoint is a plain dict of tensors, numbers and strings, so it loads with ``torch.load(weights_only=True)``:
 
@@ -56,6 +56,10 @@ log = logging.getLogger("trainer")
 
 _CHECKPOINT_FILE = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.pth$")
 BEST_NAME = "best.pth"
+# A mid-epoch checkpoint goes once a newer one is surely on both nodes. A writer knows that of the previous one when it
+# writes the next (each waits for its own write before the next): were the job killed while the newest was written, one
+# node might hold it and the other not, and the one before is then the newest on both (not an epoch checkpoint).
+MID_EPOCH_KEPT = 2
 
 
 def checkpoint_name(epoch: int, step: int | None = None) -> str:
@@ -173,8 +177,8 @@ def save_checkpoint(
     state: dict[str, Any], ckpt_dir: Path, epoch: int, is_best: bool, keep_last: int, step: int | None = None
 ) -> Path:
     """Write ``state`` as the checkpoint after ``epoch`` epochs (mid-epoch after global ``step`` when given), and as
-    best.pth when ``is_best``; then prune: all but the newest ``keep_last`` epoch checkpoints, every mid-epoch one
-    but the newest."""
+    best.pth when ``is_best``; then prune: all but the newest ``keep_last`` epoch checkpoints and the newest
+    MID_EPOCH_KEPT mid-epoch ones."""
     path = ckpt_dir / checkpoint_name(epoch, step)
     # torch.save writes a file it opens itself without holding the GIL for long; through a Python file object it
     # would, and a background write would then slow every training step (bench/checkpoint.py).
@@ -182,7 +186,7 @@ def save_checkpoint(
     if is_best:
         _atomic_write(lambda tmp: shutil.copyfile(path, tmp), ckpt_dir / BEST_NAME)
     stale = list_checkpoints(ckpt_dir)[:-keep_last] if keep_last > 0 else []
-    stale += [old for old in list_checkpoints(ckpt_dir, mid_epoch=True) if is_mid_epoch(old.name)][:-1]
+    stale += [old for old in list_checkpoints(ckpt_dir, mid_epoch=True) if is_mid_epoch(old.name)][:-MID_EPOCH_KEPT]
     for old in stale:
         old.unlink(missing_ok=True)
     return path

@@ -319,7 +319,7 @@ class TrainConfig(_Section):
         20.0,
         ge=0,
         description="Minutes of training between mid-epoch checkpoints (rank 0's clock; every rank saves at the same "
-        "optimizer step, written in the background; the newest one is kept); 0 = epoch checkpoints only.",
+        "optimizer step, written in the background; the two newest are kept); 0 = epoch checkpoints only.",
     )
     SCALE_LR: bool = Field(False, description="Scale LR by global batch / BASE_BATCH_SIZE (linear scaling rule).")
     BASE_BATCH_SIZE: int = Field(64, ge=1, description="Global batch at which LR applies unscaled when SCALE_LR is on.")

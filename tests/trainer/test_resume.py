@@ -247,11 +247,11 @@ def test_data_that_disappears_mid_run_ends_it_with_one_line_and_status_2(
 # The parts
 
 
-def test_checkpoint_files_sort_by_step_and_only_the_newest_mid_epoch_one_stays(tmp_path: Path) -> None:
+def test_checkpoint_files_sort_by_step_and_the_two_newest_mid_epoch_ones_stay(tmp_path: Path) -> None:
     for epoch, step in ((1, None), (1, 8), (1, 9), (2, None), (2, 14), (3, None), (4, None)):
         save_checkpoint({"epoch": epoch, "step": step}, tmp_path, epoch, is_best=False, keep_last=2, step=step)
     assert [p.name for p in list_checkpoints(tmp_path, mid_epoch=True)] == [
-        "epoch_0002_step_00000014.pth", "epoch_0003.pth", "epoch_0004.pth"]
+        "epoch_0001_step_00000009.pth", "epoch_0002_step_00000014.pth", "epoch_0003.pth", "epoch_0004.pth"]
     assert [p.name for p in list_checkpoints(tmp_path)] == ["epoch_0003.pth", "epoch_0004.pth"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in list_checkpoints(tmp_path, mid_epoch=True)]
 
