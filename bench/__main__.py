@@ -1,13 +1,14 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
-    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch]
+    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch checkpoint]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
 bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
 vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
-(launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise). --quick: fewer clips, steps
-and epochs (a few minutes on 2 cores); without it, more of each (steadier ratios).
+(launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
+training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step).
+--quick: fewer clips, steps and epochs (a few minutes on 2 cores); without it, more of each (steadier ratios).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import ddp, decoders, gpu_step, launch_overhead, loader, multigrid
+from bench import checkpoint, ddp, decoders, gpu_step, launch_overhead, loader, multigrid
 
 Row = tuple[str, str, str, float | None, str, bool | None]  # what, value, baseline, ratio, goal, met
 
@@ -106,9 +107,25 @@ def launch_rows(quick: bool) -> list[Row]:
             for when, key in (("first launch (ships the code)", "first_launch_s"), ("later launches", "launch_s"))]
 
 
+def checkpoint_rows(quick: bool) -> list[Row]:
+    r = checkpoint.run(quick)
+    save, agreement = r["save"], r["agreement"]
+    blocked, share = save["background"] / save["synchronous"], agreement["agree"] / agreement["step"]
+    return [
+        (f"checkpoint of {r['saved_model']} + SGD state ({save['mib']:.0f} MiB): training held up, background vs "
+         "synchronous save, ms", f"{1000 * save['background']:.0f}", f"{1000 * save['synchronous']:.0f}", blocked,
+         "<= 0.5x", blocked <= 0.5),
+        ("  the background write itself, from the copy to the file on disk (while training goes on), ms",
+         f"{1000 * save['written']:.0f}", "", None, "info", None),
+        (f"per-step agreement (all-reduce of 3 integers, 2-process gloo) vs a training step ({r['trained_model']}), "
+         "ms", f"{1000 * agreement['agree']:.3f}", f"{1000 * agreement['step']:.1f}", share, "<= 0.01x",
+         share <= 0.01),
+    ]
+
+
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
-    "launch": launch_rows,
+    "launch": launch_rows, "checkpoint": checkpoint_rows,
 }
 
 

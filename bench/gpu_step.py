@@ -30,6 +30,7 @@ from bench.loader import kinetics_like, loader_config
 from trainer.accel import amp_dtype, autocast, clip_normalizer, configure_backends, prepare_model, wrap_ddp
 from trainer.config import Config
 from trainer.data import build_dataset, build_loader
+from trainer.data.loader import set_loader_epoch
 from trainer.distributed import single_process_context
 from trainer.models import build_model
 
@@ -81,7 +82,7 @@ def measure(cfg: Config, steps: int) -> dict[str, Any]:
 def _forever(loader: Any) -> Any:
     epoch = 0
     while True:
-        loader.sampler.set_epoch(epoch)
+        set_loader_epoch(loader, epoch)
         yield from loader
         epoch += 1
 

@@ -1,23 +1,44 @@
-"""Checkpoints, in one place: what a checkpoint holds, atomic save on rank 0, keep-last-K plus best, resume on every
-rank, and loading trained weights for evaluation and prediction.
+"""Checkpoints, in one place: what a checkpoint holds, its files, which processes write them, atomic writes in the
+background, keep-last-K plus best, and loading trained weights for evaluation and prediction. Choosing the one to
+resume from, and resuming mid-epoch, is trainer.resume's job.
 
-Files are ``epoch_0003.pth`` (zero-padded, so names sort by epoch) and ``best.pth`` in the run's checkpoint dir. A
-checkpoint is a plain dict of tensors, numbers and strings, so it loads with ``torch.load(weights_only=True)``:
+Files, in the run's checkpoint dir, named so that they sort by global optimizer step:
+
+* ``epoch_0003.pth``: after epoch 3 (zero-padded); the newest TRAIN.KEEP_LAST are kept, and ``best.pth``;
+* ``epoch_0003_step_00001234.pth``: mid-epoch, in epoch 4 after global optimizer step 1234 (TRAIN.CHECKPOINT_MINUTES,
+  or a stop on a signal); the two newest are kept (MID_EPOCH_KEPT).
+
+A checkpoint is a plain dict of tensors, numbers and strings, so it loads with ``torch.load(weights_only=True)``:
 
 * ``model``, ``optimizer``, ``scheduler``, ``scaler``: state dicts (the unwrapped model's);
-* ``epoch``, ``step``, ``best_top1``, ``metrics``: where the run is;
-* ``config``: the resolved config as YAML text;
-* ``inference``: what predicting needs on any machine with only this file (:func:`inference_info`).
+* ``epoch`` (epochs completed), ``step``, ``best_top1``, ``metrics``: where the run is;
+* ``config``: rank 0's resolved config as YAML text;
+* ``inference``: what predicting needs on any machine with only this file (:func:`inference_info`);
+* ``progress``, mid-epoch only: where the epoch stands (trainer.resume.EpochProgress: batches done, every rank's RNG
+  states and partial sums).
 
-No RNG state is saved: every epoch re-seeds from (TRAIN.SEED, epoch, rank), so a resumed run replays exactly without it.
+Writing: ``CheckpointWriter.submit`` copies the state into CPU memory (the only time the training loop waits, unless
+the previous write is still going) and a background thread writes it through a temp file, fsync and rename, so a
+crash never leaves half a file. One write at a time; ``wait`` joins it and raises its error.
+
+Two copies: on a multi-node job, global rank 0 and the first process of node 1 each write into their own node's run
+directory (LOG.BASE_PATH as that node's config says), so the newest checkpoint survives the loss of either node.
+Where the two see the same directory (shared storage, found as roles/shared_fs finds shared homes: rank 0 leaves a
+marker with a random token, the other looks for it), only rank 0 writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
+import secrets
+import shutil
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +52,33 @@ from trainer.distributed import DistContext, broadcast_object
 from trainer.weights import LoadReport, WeightsFile, load_weights
 from trainer.weights.formats import read_torch_file
 
-_EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pth$")
+log = logging.getLogger("trainer")
+
+_CHECKPOINT_FILE = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.pth$")
 BEST_NAME = "best.pth"
+# A mid-epoch checkpoint goes once a newer one is surely on both nodes. A writer knows that of the previous one when it
+# writes the next (each waits for its own write before the next): were the job killed while the newest was written, one
+# node might hold it and the other not, and the one before is then the newest on both (not an epoch checkpoint).
+MID_EPOCH_KEPT = 2
 
 
-def epoch_path(ckpt_dir: Path, epoch: int) -> Path:
-    return ckpt_dir / f"epoch_{epoch:04d}.pth"
+def checkpoint_name(epoch: int, step: int | None = None) -> str:
+    """The file of the checkpoint after ``epoch`` epochs, or mid-epoch after global optimizer ``step``."""
+    return f"epoch_{epoch:04d}.pth" if step is None else f"epoch_{epoch:04d}_step_{step:08d}.pth"
+
+
+def checkpoint_order(name: str) -> tuple[int, int] | None:
+    """Where a checkpoint file name sorts, by global step: (epochs complete, -1 for the epoch's end or the step of
+    a mid-epoch one); None for any other file."""
+    match = _CHECKPOINT_FILE.match(name)
+    if match is None:
+        return None
+    return int(match.group(1)), -1 if match.group(2) is None else int(match.group(2))
+
+
+def is_mid_epoch(name: str) -> bool:
+    order = checkpoint_order(name)
+    return order is not None and order[1] >= 0
 
 
 def class_names(cfg: Config) -> list[str]:
@@ -60,10 +102,11 @@ def clip_spec(inference: dict[str, Any]) -> ClipSpec:
 
 def build_checkpoint(
     model: nn.Module, state: Any, *, epoch: int, best_top1: float, config_yaml: str, metrics: dict[str, Any],
-    inference: dict[str, Any],
+    inference: dict[str, Any], progress: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint dict of an epoch (``state``: the run's trainer.engine.TrainState)."""
-    return {
+    """The checkpoint dict (``state``: the run's trainer.engine.TrainState; ``progress``: a mid-epoch checkpoint's
+    trainer.resume.EpochProgress record). It refers to the live tensors: ``cpu_copy`` it before training goes on."""
+    ckpt = {
         "model": model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(),
@@ -75,69 +118,167 @@ def build_checkpoint(
         "metrics": metrics,
         "inference": inference,
     }
+    if progress is not None:
+        ckpt["progress"] = progress
+    return ckpt
 
 
-def _atomic_write(write: Any, dest: Path) -> None:
-    """Write through a temp file in the same directory, fsync, then rename: a crash never leaves half a file."""
+def cpu_copy(obj: Any, buffers: dict[str, torch.Tensor] | None = None) -> Any:
+    """``obj`` with every tensor copied into CPU memory (containers rebuilt, other values shared): a snapshot that
+    training can no longer change. ``buffers`` (by place in ``obj``) are reused where a tensor of the same shape and
+    type was copied before, and the new ones kept there: copying into memory already mapped is faster, and no
+    allocation grows with every checkpoint. A GPU tensor goes into pinned memory, all copies in flight at once."""
+    buffers = {} if buffers is None else buffers
+    snapshot = _copy_into(obj, buffers, "")
+    if torch.cuda.is_available() and any(buffer.is_pinned() for buffer in buffers.values()):
+        torch.cuda.synchronize()  # the non-blocking copies from the GPU have landed
+    return snapshot
+
+
+def _copy_into(obj: Any, buffers: dict[str, torch.Tensor], place: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        buffer = buffers.get(place)
+        if buffer is None or buffer.shape != obj.shape or buffer.dtype != obj.dtype:
+            buffer = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=obj.is_cuda)
+            buffers[place] = buffer
+        return buffer.copy_(obj.detach(), non_blocking=obj.is_cuda)
+    if isinstance(obj, dict):
+        return {key: _copy_into(value, buffers, f"{place}/{key}") for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_copy_into(value, buffers, f"{place}/{i}") for i, value in enumerate(obj))
+    return obj
+
+
+def _atomic_write(write: Callable[[Path], Any], dest: Path) -> None:
+    """``write`` fills a temp file in the same directory; fsync, rename, fsync the directory: a crash never leaves half
+    a file, and the new one is on disk once this returns."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write(Path(tmp))
+        _fsync(Path(tmp))
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync(dest.parent)
 
 
-def save_checkpoint(state: dict[str, Any], ckpt_dir: Path, epoch: int, is_best: bool, keep_last: int) -> Path:
-    """Save ``state`` as this epoch's checkpoint (and as best), then prune all but the newest ``keep_last``."""
-    path = epoch_path(ckpt_dir, epoch)
-    _atomic_write(lambda handle: torch.save(state, handle), path)
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    state: dict[str, Any], ckpt_dir: Path, epoch: int, is_best: bool, keep_last: int, step: int | None = None
+) -> Path:
+    """Write ``state`` as the checkpoint after ``epoch`` epochs (mid-epoch after global ``step`` when given), and as
+    best.pth when ``is_best``; then prune: all but the newest ``keep_last`` epoch checkpoints and the newest
+    MID_EPOCH_KEPT mid-epoch ones."""
+    path = ckpt_dir / checkpoint_name(epoch, step)
+    # torch.save writes a file it opens itself without holding the GIL for long; through a Python file object it
+    # would, and a background write would then slow every training step (bench/checkpoint.py).
+    _atomic_write(lambda tmp: torch.save(state, tmp), path)
     if is_best:
-        _atomic_write(lambda handle: handle.write(path.read_bytes()), ckpt_dir / BEST_NAME)
-    for old in list_checkpoints(ckpt_dir)[:-keep_last] if keep_last > 0 else []:
-        old.unlink()
+        _atomic_write(lambda tmp: shutil.copyfile(path, tmp), ckpt_dir / BEST_NAME)
+    stale = list_checkpoints(ckpt_dir)[:-keep_last] if keep_last > 0 else []
+    stale += [old for old in list_checkpoints(ckpt_dir, mid_epoch=True) if is_mid_epoch(old.name)][:-MID_EPOCH_KEPT]
+    for old in stale:
+        old.unlink(missing_ok=True)
     return path
 
 
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Epoch checkpoints, oldest first."""
+def list_checkpoints(ckpt_dir: Path, mid_epoch: bool = False) -> list[Path]:
+    """Epoch checkpoints (and mid-epoch ones too with ``mid_epoch``), oldest first."""
     if not ckpt_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _EPOCH_FILE.match(p.name))]
-    return [p for _, p in sorted(found)]
+    found = [(order, p) for p in ckpt_dir.iterdir() if (order := checkpoint_order(p.name)) is not None]
+    return [p for order, p in sorted(found) if mid_epoch or order[1] < 0]
 
 
-def resolve_resume_path(resume: str, ckpt_dir: Path) -> Path | None:
-    """'auto' -> newest checkpoint in the run (None on a fresh run); a path -> that file, which must exist."""
-    if not resume:
-        return None
-    if resume == "auto":
-        found = list_checkpoints(ckpt_dir)
-        return found[-1] if found else None
-    path = Path(resume).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"CONFIG.TRAIN.RESUME: checkpoint {path} does not exist")
-    return path
+class CheckpointWriter:
+    """Writes one process's checkpoints into ``ckpt_dir`` in a background thread, one at a time."""
+
+    def __init__(self, ckpt_dir: Path, keep_last: int) -> None:
+        self.ckpt_dir = ckpt_dir
+        self.keep_last = keep_last
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # the snapshots' memory, reused once their write is done
+        self.last_write_s = 0.0  # how long the last write took, from the snapshot to the file on disk
+
+    def submit(self, state: dict[str, Any], epoch: int, is_best: bool = False, step: int | None = None) -> Path:
+        """Snapshot ``state`` into CPU memory and start writing it (after the previous write has finished): the
+        checkpoint after ``epoch`` epochs, or mid-epoch after global ``step``. Returns the path it will have."""
+        self.wait()
+        snapshot = cpu_copy(state, self._buffers)
+        path = self.ckpt_dir / checkpoint_name(epoch, step)
+        # Not a daemon: a process that ends while a checkpoint is being written finishes writing it first.
+        self._thread = threading.Thread(target=self._write, args=(snapshot, epoch, is_best, step),
+                                        name="vidcluster-checkpoint")
+        self._thread.start()
+        return path
+
+    def _write(self, snapshot: dict[str, Any], epoch: int, is_best: bool, step: int | None) -> None:
+        start = time.perf_counter()
+        try:
+            path = save_checkpoint(snapshot, self.ckpt_dir, epoch, is_best, self.keep_last, step)
+        except BaseException as exc:  # raised again in the training loop, by wait()
+            self._error = exc
+            return
+        self.last_write_s = time.perf_counter() - start
+        log.info("saved %s%s in %.2f s", path, " (best)" if is_best else "", self.last_write_s)
+
+    def busy(self) -> bool:
+        """Whether a write is still going."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Block until the write in flight, if any, is on disk; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def writer_ranks(ctx: DistContext) -> tuple[int, ...]:
+    """Global ranks that may write checkpoints: rank 0 and, on a multi-node job, the first process of node 1."""
+    return (0, ctx.local_world_size) if ctx.num_nodes > 1 else (0,)
+
+
+def writes_checkpoints(ctx: DistContext, run_dir: Path) -> bool:
+    """Whether this process writes checkpoints (and metrics.jsonl) into ``run_dir``. Every process calls it, at the
+    same point: on a multi-node job it finds out whether node 1 shares rank 0's run directory."""
+    ranks = writer_ranks(ctx)
+    if len(ranks) == 1:
+        return ctx.rank == 0
+    marker = None
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        marker = run_dir / f".vidcluster-marker-{secrets.token_hex(16)}"
+        marker.write_text(marker.name)
+    name = broadcast_object(marker.name if marker is not None else None)
+    shared = False
+    if ctx.rank == ranks[1]:
+        seen = run_dir / name
+        shared = seen.is_file() and seen.read_text() == name
+    shared = broadcast_object(shared, src=ranks[1])
+    if marker is not None:
+        marker.unlink()
+        if shared:
+            log.info("node 1 sees this run directory (shared storage): rank 0 alone writes the checkpoints")
+    return ctx.rank == 0 or (ctx.rank == ranks[1] and not shared)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint dict, read with ``weights_only=True`` (WeightsError naming the file if it is not one)."""
     return read_torch_file(path)
-
-
-def load_resume_state(ctx: DistContext, resume: str, ckpt_dir: Path) -> dict[str, Any] | None:
-    """Rank 0 reads the checkpoint; the others receive it through a broadcast, so they need no copy of the file."""
-    state = None
-    if ctx.is_main:
-        path = resolve_resume_path(resume, ckpt_dir)
-        if path is not None:
-            state = read_checkpoint(path)
-            state["path"] = str(path)
-    return broadcast_object(state)
 
 
 def load_model_weights(model: nn.Module, weights: Path | WeightsFile, model_name: str = "") -> LoadReport:

@@ -309,8 +309,18 @@ class TrainConfig(_Section):
     SEED: int = Field(
         0, ge=0, description="Seed for model init, sampling and augmentation (offset per rank and epoch)."
     )
-    RESUME: str = Field("auto", description="'auto' = latest checkpoint in the run dir if any, '' = never, or a path.")
+    RESUME: str = Field(
+        "auto",
+        description="'auto' = the run's newest checkpoint (epoch or mid-epoch; on several nodes, the newest held by "
+        "two nodes) if any, '' = never, or a path.",
+    )
     KEEP_LAST: int = Field(3, ge=1, description="Epoch checkpoints kept besides best.pth.")
+    CHECKPOINT_MINUTES: float = Field(
+        20.0,
+        ge=0,
+        description="Minutes of training between mid-epoch checkpoints (rank 0's clock; every rank saves at the same "
+        "optimizer step, written in the background; the two newest are kept); 0 = epoch checkpoints only.",
+    )
     SCALE_LR: bool = Field(False, description="Scale LR by global batch / BASE_BATCH_SIZE (linear scaling rule).")
     BASE_BATCH_SIZE: int = Field(64, ge=1, description="Global batch at which LR applies unscaled when SCALE_LR is on.")
     SYNC_BN: bool = Field(

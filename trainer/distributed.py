@@ -14,25 +14,29 @@ Ranks come from, in this order:
 Every worker joins the group with ``timeout=DDP_CONFIG.TIMEOUT_SECONDS``; a peer that does not arrive in time ends the
 run with a DistributedError naming the rendezvous address. The group is destroyed when the worker returns or raises,
 and a worker's exception makes ``launch`` raise: a spawned worker's UserError comes back as a UserError with the same
-one-line message (no traceback: the input was bad, not the code), any other exception as a DistributedError after
-its traceback is logged.
+one-line message (no traceback: the input was bad, not the code), its Preempted as a Preempted (so the command's exit
+status is the worker's: trainer.errors), any other exception as a DistributedError after its traceback is logged. The
+process that spawns workers passes SIGTERM and SIGUSR1 on to them (errors.STOP_SIGNALS: how a stop is asked for).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import ipaddress
 import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,7 +46,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.config import Config, DDPConfig, check_runtime
-from trainer.errors import USER_ERROR_EXIT, UserError, first_line, lost_peer
+from trainer.errors import STOP_SIGNALS, USER_ERROR_EXIT, Preempted, UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
 
 log = logging.getLogger(__name__)
@@ -50,6 +54,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 WorkerFn = Callable[["DistContext", Config], None]
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# After a spawned worker fails, its peers get this long to end by themselves (their next collective fails), then
+# SIGTERM (which a trainer takes as a stop request: it does not end it at once), then as long again, then SIGKILL.
+_PEER_GRACE_S = 5.0
 
 
 class DistributedError(UserError, RuntimeError):
@@ -315,6 +322,8 @@ def _run_worker(
     _init_group(ctx, plan)
     try:
         worker_fn(ctx, _runtime_cfg(cfg, ctx, plan.from_env))
+    except Preempted:
+        raise  # a stop that was asked for, not a failure
     except Exception as exc:
         error = exc
         if lost_peer(exc):  # a consequence: one line here, the rank that stopped first says why
@@ -335,19 +344,45 @@ def _run_worker(
 
 def _spawned(local_rank: int, plan: _Plan, worker_fn: WorkerFn, cfg: Config, failures: str) -> None:
     start_heartbeat()
-    if not plan.use_cuda:
+    if not plan.use_cuda and "OMP_NUM_THREADS" not in os.environ:  # a user's setting wins, as under torchrun
         # N CPU workers share the cores; torch would otherwise start one thread per core in each of them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.per_node))
-    _run_worker(plan.context(local_rank), plan, worker_fn, cfg, Path(failures) / str(local_rank))
+    try:
+        _run_worker(plan.context(local_rank), plan, worker_fn, cfg, Path(failures) / str(local_rank))
+    except Preempted as exc:
+        # The worker ends normally (spawn would kill its peers, which may still be writing their checkpoint copy);
+        # the launcher raises Preempted once all have ended.
+        (Path(failures) / f"preempted.{local_rank}").write_text(str(exc))
 
 
 def _first_failure(failures: Path) -> tuple[int, dict[str, Any]] | None:
     """(local index, failure record) of the worker whose own code failed first, if any did."""
-    stamped = [(json.loads(f.read_text()), int(f.name)) for f in failures.iterdir()]
+    stamped = [(json.loads(f.read_text()), int(f.name)) for f in failures.iterdir() if f.name.isdigit()]
     if not stamped:
         return None
     record, index = min(stamped, key=lambda item: item[0]["at"])
     return index, record
+
+
+@contextlib.contextmanager
+def _passing_on_stop_signals(pids: list[int]) -> Iterator[None]:
+    """While the workers run, a stop signal sent to this process reaches each of them (a supervisor may signal
+    only the process it started)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; nobody signals an embedded launcher
+        return
+
+    def pass_on(signum: int, _frame: object) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _spawn(plan: _Plan, worker_fn: WorkerFn, cfg: Config) -> None:
@@ -355,7 +390,11 @@ def _spawn(plan: _Plan, worker_fn: WorkerFn, cfg: Config) -> None:
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="vidcluster-failures-") as failures:
         try:
-            mp.spawn(_spawned, args=(plan, worker_fn, cfg, failures), nprocs=plan.per_node, join=True)
+            workers = mp.start_processes(_spawned, args=(plan, worker_fn, cfg, failures), nprocs=plan.per_node,
+                                         join=False, start_method="spawn")
+            with _passing_on_stop_signals(workers.pids()):
+                while not workers.join(grace_period=_PEER_GRACE_S):
+                    pass
         except mp.ProcessRaisedException as exc:
             # spawn names whichever failed worker it notices first, often a peer that lost the one that failed.
             index, record = _first_failure(Path(failures)) or (exc.error_index, {"error": exc.msg, "user": None})
@@ -367,6 +406,9 @@ def _spawn(plan: _Plan, worker_fn: WorkerFn, cfg: Config) -> None:
             raise PeerError(f"local worker {index} failed: {last}") from exc
         except mp.ProcessExitedException as exc:
             raise PeerError(f"local worker {exc.error_index} (pid {exc.error_pid}) died: {exc}") from exc
+        preempted = sorted(Path(failures).glob("preempted.*"))
+        if preempted:
+            raise Preempted(preempted[0].read_text())
 
 
 def single_process_context(cfg: Config) -> DistContext:
@@ -433,11 +475,19 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over all processes, in place; returns it."""
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Sum ``tensor`` over all processes (of ``group``, default: the job's group), in place; returns it."""
     if _active():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
+
+
+def host_group() -> dist.ProcessGroup | None:
+    """A group for small collectives of CPU tensors that must not wait for a GPU: a gloo group beside an nccl job,
+    the job's own group (None) on gloo or without one. Every process must call it, at the same point."""
+    if not _active() or dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:

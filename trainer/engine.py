@@ -6,13 +6,15 @@ Every rank runs every loop; statistics are sums (loss, correct, count) reduced w
 Loaders hand over uint8 clips; each loop turns them into model input on its device (accel.clip_normalizer: a
 non-blocking copy from pinned memory, then conversion and normalisation there). The training step never waits for
 the device: loss and top-1 are summed on it and read once per LOG.DISPLAY_FREQ iterations (and at the epoch's end).
+What an epoch has counted so far is an EpochTally, which a mid-epoch checkpoint saves and a resume hands back, and
+after each optimizer step the loop calls its caller back (trainer.train: checkpoints, stops, status).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +39,36 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     step: int = 0
-    bad_videos: list[tuple[str, str]] = field(default_factory=list)
-    fallback_videos: list[tuple[str, str]] = field(default_factory=list)  # DECODER auto: read with torchcodec
     fallback_reported: set[str] = field(default_factory=set)  # named in the log already (once per video)
+
+
+@dataclass
+class EpochTally:
+    """What an epoch's training pass has counted so far on this rank."""
+
+    sums: torch.Tensor  # loss sum, top-1 correct (float64, on the device: the step never waits to read them)
+    clips: int = 0  # trained clips
+    batches: int = 0  # micro-batches consumed (a resumed pass skips these)
+    bad: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of skipped videos
+    fallback: list[tuple[str, str]] = field(default_factory=list)  # DECODER auto: read with torchcodec
+
+    @classmethod
+    def start(cls, device: torch.device) -> EpochTally:
+        return cls(torch.zeros(2, device=device, dtype=torch.float64))
+
+    def record(self) -> dict[str, Any]:
+        """Plain values (exact: the sums as float64 numbers), for a checkpoint."""
+        return {"sums": self.sums.tolist(), "clips": self.clips, "batches": self.batches,
+                "bad": [list(b) for b in self.bad], "fallback": [list(f) for f in self.fallback]}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], device: torch.device) -> EpochTally:
+        return cls(torch.tensor(record["sums"], device=device, dtype=torch.float64), record["clips"],
+                   record["batches"], [tuple(b) for b in record["bad"]], [tuple(f) for f in record["fallback"]])
+
+
+# After each optimizer step: (tally, clips trained in the step on this rank, whether the step ends the epoch).
+StepCallback = Callable[[EpochTally, int, bool], None]
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
@@ -56,16 +85,19 @@ def gather_bad(bad: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _micro_batches(
-    model: nn.Module, loader: Any, accum: int, ctx: DistContext, desc: str
-) -> Iterator[tuple[dict[str, Any], bool, contextlib.AbstractContextManager[Any]]]:
-    """Yield (batch, is_last_micro_batch, grad-sync context): gradients all-reduce only on the last one."""
-    total = len(loader)
+    model: nn.Module, loader: Any, accum: int, ctx: DistContext, desc: str, done: int = 0
+) -> Iterator[tuple[dict[str, Any], bool, bool, contextlib.AbstractContextManager[Any]]]:
+    """Yield (batch, is_last_micro_batch, ends_the_epoch, grad-sync context): gradients all-reduce only on the last
+    micro-batch of an optimizer step. ``done``: micro-batches of the epoch consumed before this pass (a resumed
+    pass; a multiple of ``accum``, as checkpoints follow optimizer steps)."""
+    total = done + len(loader)
     ddp = ddp_module(model)
-    for i, batch in enumerate(progress(ctx, loader, total, desc)):
-        last = (i + 1) % accum == 0 or i + 1 == total
+    for i, batch in enumerate(progress(ctx, loader, total - done, desc), start=done):
+        end = i + 1 == total
+        last = (i + 1) % accum == 0 or end
         # Per the DDP docs, the forward must run inside no_sync() too, not just the backward.
         sync = ddp.no_sync() if isinstance(ddp, DistributedDataParallel) and not last else contextlib.nullcontext()
-        yield batch, last, sync
+        yield batch, last, end, sync
 
 
 def _placeholder_input(cfg: Config, normalizer: ClipNormalizer) -> torch.Tensor:
@@ -94,45 +126,53 @@ def _forward_loss(
 
 
 def train_one_epoch(
-    model: nn.Module, loader: Any, state: TrainState, ctx: DistContext, cfg: Config, epoch: int, reporter: Reporter
+    model: nn.Module, loader: Any, state: TrainState, ctx: DistContext, cfg: Config, epoch: int, reporter: Reporter,
+    tally: EpochTally, after_step: StepCallback,
 ) -> dict[str, float]:
+    """Train the rest of an epoch (all of it, unless ``tally`` comes from a mid-epoch checkpoint and the loader skips
+    what it counted); returns train_loss and train_top1 (averages over all ranks' clips) and train_clips."""
     train = cfg.CONFIG.TRAIN
     model.train()
     criterion = nn.CrossEntropyLoss(label_smoothing=train.LABEL_SMOOTHING)
     normalizer = clip_normalizer(cfg, ctx)
-    sums = torch.zeros(2, device=ctx.device, dtype=torch.float64)  # loss sum, top-1 correct: on the device
-    clips = 0  # known on the host
+    step_clips = 0
     state.optimizer.zero_grad(set_to_none=True)
-    for batch, last, sync in _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}"):
-        state.bad_videos.extend(batch["bad"])
-        state.fallback_videos.extend(batch["fallback"])
+    batches = _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}", tally.batches)
+    for batch, last, end, sync in batches:
+        tally.batches += 1
+        tally.bad.extend(batch["bad"])
+        tally.fallback.extend(batch["fallback"])
         with sync:
             loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer)
             state.scaler.scale(loss / train.ACCUM_STEPS).backward()
         if logits is not None:
             n = len(labels)
-            sums += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double()])
-            clips += n
+            tally.sums += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double()])
+            tally.clips += n
+            step_clips += n
         if last:
             lr = state.optimizer.param_groups[0]["lr"]  # the LR this step used (the scheduler moves on below)
             _optimizer_step(model, state, train.CLIP_GRAD_NORM)
-            reporter.update_status(state="running", step=state.step, lr=state.scheduler.get_last_lr()[0])
             if ctx.is_main and state.step % cfg.CONFIG.LOG.DISPLAY_FREQ == 0:
-                _display(reporter, state.step, epoch, lr, sums, clips)  # the one wait for the device
-    stats = torch.cat([sums, torch.tensor([clips], device=ctx.device, dtype=torch.float64)])
+                _display(reporter, state.step, epoch, lr, tally)  # the one wait for the device
+            after_step(tally, step_clips, end)
+            step_clips = 0
+    stats = torch.cat([tally.sums, torch.tensor([tally.clips], device=ctx.device, dtype=torch.float64)])
     all_reduce_sum(stats)
     count = max(stats[2].item(), 1.0)
-    return {"train_loss": stats[0].item() / count, "train_top1": 100.0 * stats[1].item() / count}
+    return {"train_loss": stats[0].item() / count, "train_top1": 100.0 * stats[1].item() / count,
+            "train_clips": int(stats[2].item())}
 
 
-def _display(reporter: Reporter, step: int, epoch: int, lr: float, sums: torch.Tensor, clips: int) -> None:
+def _display(reporter: Reporter, step: int, epoch: int, lr: float, tally: EpochTally) -> None:
     """GluonCV's every-DISPLAY_FREQ-iterations report: lr and rank 0's running loss and top-1 this epoch."""
-    loss_sum, correct = sums.tolist()
-    count = max(clips, 1)
+    loss_sum, correct = tally.sums.tolist()
+    count = max(tally.clips, 1)
     loss, top1 = loss_sum / count, 100.0 * correct / count
     log.info("epoch %d iteration %d: lr %.6g loss %.4f top-1 %.2f%%", epoch + 1, step, lr, loss, top1)
     for tag, value in (("lr", lr), ("loss", loss), ("top1", top1)):
         reporter.scalar(f"iteration/{tag}", value, step)
+    reporter.update_status(running={"train_loss": loss, "train_top1": top1, "step": step})
 
 
 def _optimizer_step(model: nn.Module, state: TrainState, clip_norm: float) -> None:

@@ -1,21 +1,33 @@
-"""Errors a user can fix (a bad config, a missing list, an unknown model, a bad checkpoint): one line, no traceback.
+"""How a command ends, as its exit status says to whoever restarts it (a node supervisor, torchrun, Slurm):
 
-Every command catches ``UserError`` at its top (``report_user_errors``), prints ``error: <message>`` and exits with
-status 2, whether the error rose in this process, in a spawned worker (see ``trainer.distributed``) or in a torchrun
-worker. Anything else is a bug and keeps its traceback. This module imports nothing heavy: the config check runs on
-controllers without torch.
+* 0: finished;
+* 2 (``USER_ERROR_EXIT``): the input is bad (a config, a missing list, an unknown model, a bad checkpoint or weights
+  file, data that cannot be read): a restart cannot fix it. One line ``error: <message>``, no traceback;
+* 75 (``PREEMPTED_EXIT``, EX_TEMPFAIL): stopped on request (SIGTERM or SIGUSR1) after every rank saved a checkpoint
+  at the same step: start it again to resume. One line ``preempted: <message>``;
+* anything else: a failure a restart may get past: 1 for a lost peer, a missed rendezvous or a crashed worker
+  (``distributed.PeerError``: one line), or a bug (with its traceback).
+
+Every command runs its body through ``report_user_errors``, which turns a ``UserError`` or ``Preempted`` into its
+line and status, whether it rose in this process, in a spawned worker (see ``trainer.distributed``) or in a torchrun
+worker. This module imports nothing heavy: the config check runs on controllers without torch.
 """
 
 from __future__ import annotations
 
 import pickle
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
 USER_ERROR_EXIT = 2
+PREEMPTED_EXIT = 75
+# How a stop is asked for: what schedulers and spot notices send (Slurm's --signal, a node supervisor passing on what
+# it got); the trainer checkpoints at the next optimizer step on every rank and ends with PREEMPTED_EXIT.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class UserError(Exception):
@@ -26,6 +38,10 @@ class UserError(Exception):
 
 class CheckpointError(UserError):
     """A checkpoint file that cannot be read or does not fit the model."""
+
+
+class Preempted(Exception):
+    """Every rank stopped at the same optimizer step on a signal, with a checkpoint of that step on disk."""
 
 
 def lost_peer(exc: BaseException) -> bool:
@@ -56,10 +72,17 @@ def reading_checkpoint(what: str) -> Iterator[None]:
 
 
 def report_user_errors(command: Callable[[], T]) -> T:
-    """Run a command's body; a UserError becomes ``error: <message>`` on stderr and exit status 2."""
+    """Run a command's body; a UserError becomes ``error: <message>`` on stderr and its exit status (2, or 1 for a
+    PeerError), a Preempted ``preempted: <message>`` and exit status 75."""
     try:
         return command()
     except UserError as exc:
-        sys.stderr.write(f"error: {exc}\n")  # one write: torchrun's workers share the terminal
-        sys.stderr.flush()
-        raise SystemExit(exc.exit_status) from None
+        _exit(f"error: {exc}", exc.exit_status)
+    except Preempted as exc:
+        _exit(f"preempted: {exc}", PREEMPTED_EXIT)
+
+
+def _exit(line: str, status: int) -> NoReturn:
+    sys.stderr.write(line + "\n")  # one write: torchrun's workers share the terminal
+    sys.stderr.flush()
+    raise SystemExit(status) from None

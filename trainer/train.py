@@ -12,18 +12,32 @@ Under torchrun (one process per GPU, ranks from the environment):
         -m trainer.train --config-file configs/slowfast.yaml
 
 Overrides come last as KEY VALUE pairs: ``CONFIG.TRAIN.BATCH_SIZE 16 CONFIG.TRAIN.EPOCH_NUM 2``.
+
+Checkpoints come after every LOG.SAVE_FREQ epochs and, mid-epoch, every CONFIG.TRAIN.CHECKPOINT_MINUTES of training,
+taken by every rank at the same optimizer step (trainer.coordination) and written in the background by rank 0 and by
+the first process of node 1 (trainer.checkpoint). RESUME auto resumes the newest one that counts, exactly
+(trainer.resume). SIGTERM or SIGUSR1 to any training process asks for a stop: every rank saves a checkpoint at the
+next optimizer step, and the command ends with status 75.
+
+Exit status (trainer.errors): 0 finished; 2 the input is bad (config, data, weights; also data that becomes unreadable
+mid-run), which a restart cannot fix; 75 stopped on SIGTERM or SIGUSR1 with a checkpoint: start it again to resume;
+anything else a crash. Spawned workers' statuses are the command's; under torchrun (or srun) each worker process
+ends with these statuses, and torchrun itself with 1 when one of them does not end with 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -31,16 +45,28 @@ from torch import nn
 
 from trainer import checkpoint
 from trainer.accel import amp_dtype, configure_backends, prepare_model, wrap_ddp
-from trainer.config import Config, ConfigError, dump_config, load_config, run_dir
+from trainer.checkpoint import CheckpointWriter
+from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
+from trainer.coordination import StepControl, StopRequest, stop_signals
 from trainer.data import build_dataset, build_loader
-from trainer.data.loader import epoch_batches, set_loader_epoch
+from trainer.data.check import require_readable
+from trainer.data.loader import epoch_batches, set_loader_epoch, skip_batches
 from trainer.data.multigrid import MultigridSchedule
-from trainer.distributed import DistContext, add_launcher_args, all_gather_object, broadcast_buffers, launch
-from trainer.engine import TrainState, evaluate, gather_bad, train_one_epoch
-from trainer.errors import reading_checkpoint, report_user_errors
+from trainer.distributed import (
+    DistContext,
+    add_launcher_args,
+    all_gather_object,
+    barrier,
+    broadcast_buffers,
+    broadcast_object,
+    launch,
+)
+from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
+from trainer.errors import Preempted, reading_checkpoint, report_user_errors
 from trainer.model_setup import apply_training_controls, build_model_from_config
 from trainer.precise_bn import update_precise_bn
-from trainer.reporting import Reporter, setup_logging
+from trainer.reporting import METRICS_FILE, Reporter, attempt_from_env, attempt_record, setup_logging
+from trainer.resume import EpochProgress, load_resume_state
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 from trainer.weights import load_weights
 from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, resolve_normalisation
@@ -69,7 +95,7 @@ def weights_digest(model: nn.Module) -> str:
 
 @dataclass
 class Run:
-    """Everything an epoch needs, built once by ``train_worker``."""
+    """Everything an epoch needs, built once by ``prepare_run``."""
 
     ctx: DistContext
     cfg: Config
@@ -82,6 +108,15 @@ class Run:
     state: TrainState
     reporter: Reporter
     inference: dict[str, object]  # stored in every checkpoint (checkpoint.inference_info)
+    config_yaml: str  # rank 0's resolved config, stored in every checkpoint
+    control: StepControl
+    writer: CheckpointWriter | None  # this process writes checkpoints (rank 0; node 1's first process)
+    start_epoch: int
+    progress: EpochProgress | None  # where the start epoch stands, when resumed from a mid-epoch checkpoint
+    attempt: dict[str, Any] | None  # rank 0: $VIDCLUSTER_ATTEMPT, recorded after this attempt's first step
+    resumed_step: int
+    best_top1: float = -1.0
+    stepped: bool = False  # this attempt has taken an optimizer step
 
 
 def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
@@ -114,15 +149,32 @@ def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, 
 
 def train_worker(ctx: DistContext, cfg: Config) -> None:
     """Everything one training process does, from datasets to the final checkpoint."""
+    with stop_signals() as stop:  # first: a stop asked for while the run starts is honoured at its first step
+        run = prepare_run(ctx, cfg, stop)
+        try:
+            for epoch in range(run.start_epoch, cfg.CONFIG.TRAIN.EPOCH_NUM):
+                run_epoch(run, epoch)
+            finish(run)
+        except Preempted:
+            raise  # the status says so already
+        except BaseException as exc:
+            run.reporter.close("failed", f"{type(exc).__name__}: {exc}")
+            raise
+
+
+def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest) -> Run:
+    """Datasets, checkpoint writers, the model and its training state (resumed when there is a checkpoint)."""
     out = run_dir(cfg)
     setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     train = cfg.CONFIG.TRAIN
+    attempt = attempt_from_env() if ctx.is_main else None
     seed_everything(train.SEED)
     configure_backends(cfg)
     ckpt_dir = out / cfg.CONFIG.LOG.SAVE_DIR
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, out / "config.yaml")
+    config_yaml = broadcast_object(config_to_yaml(cfg) if ctx.is_main else None)
 
     train_loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)
     val_loader = build_loader(build_dataset(cfg, "val"), cfg, "val", ctx)
@@ -130,10 +182,11 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
         raise ConfigError(f"CONFIG.TRAIN.DROP_LAST: each rank has fewer training videos than BATCH_SIZE "
                           f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
     epoch_steps = [-(-batches // train.ACCUM_STEPS) for batches in epoch_batches(train_loader, train.EPOCH_NUM)]
+    writer = CheckpointWriter(ckpt_dir, train.KEEP_LAST) if checkpoint.writes_checkpoints(ctx, out) else None
 
     model = build_train_model(cfg, ctx)
     with reading_checkpoint(f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"):
-        resume = checkpoint.load_resume_state(ctx, train.RESUME, ckpt_dir)
+        resume = load_resume_state(ctx, train.RESUME, ckpt_dir, out / METRICS_FILE, writer is not None)
         if resume is not None:
             model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
     raw_model = model
@@ -144,48 +197,52 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     fp16 = amp_dtype(ctx.device, train.AMP) == torch.float16  # the gradient scaler is for fp16 autocast only
     state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps),
                        torch.amp.GradScaler(ctx.device.type, enabled=fp16))
-    start_epoch, best_top1 = 0, -1.0
+    start_epoch, best_top1, progress = 0, -1.0, None
     if resume is not None:
         state.optimizer.load_state_dict(resume["optimizer"])
         state.scheduler.load_state_dict(resume["scheduler"])
         state.scaler.load_state_dict(resume["scaler"])
         start_epoch, best_top1, state.step = resume["epoch"], resume["best_top1"], resume["step"]
-        log.info("resumed from %s at epoch %d", resume["path"], start_epoch)
+        progress = EpochProgress.of(resume, ctx)
+        log.info("resumed from %s at epoch %d, step %d%s", resume["path"], start_epoch, state.step,
+                 "" if progress is None else f" (mid-epoch: {progress.batches} batch(es) of epoch "
+                                             f"{start_epoch + 1} done)")
 
     steps_per_epoch = epoch_steps[min(start_epoch, train.EPOCH_NUM - 1)]
     log_startup(cfg, ctx, steps_per_epoch, lr, out)
-    reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM)
-    reporter.update_status(force=True, state="running", epoch=start_epoch, steps_per_epoch=steps_per_epoch)
+    reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM, sum(epoch_steps), writer is not None)
+    reporter.update_status(force=True, state="running", epoch=start_epoch, step=state.step,
+                           steps_per_epoch=steps_per_epoch)
     inference = checkpoint.inference_info(cfg, checkpoint.class_names(cfg))
     precise_bn_loader = train_loader
     if train.PRECISE_BN and MultigridSchedule.from_config(cfg) is not None:
         precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False)
-    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter, inference)
-    try:
-        for epoch in range(start_epoch, train.EPOCH_NUM):
-            best_top1 = run_epoch(run, epoch, best_top1)
-        finish(raw_model, ctx, out, reporter)
-    except BaseException as exc:
-        reporter.close("failed", f"{type(exc).__name__}: {exc}")
-        raise
+    control = StepControl(ctx, train.CHECKPOINT_MINUTES, stop)
+    return Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter,
+               inference, config_yaml, control, writer, start_epoch, progress, attempt, state.step, best_top1)
 
 
-def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
-    """Train one epoch, validate when due, log, checkpoint. Returns the best validation top-1 so far."""
+def run_epoch(run: Run, epoch: int) -> None:
+    """Train one epoch (or its rest, resumed mid-epoch), validate when due, log, checkpoint."""
     ctx, cfg, state = run.ctx, run.cfg, run.state
     train, log_cfg = cfg.CONFIG.TRAIN, cfg.CONFIG.LOG
     seed_everything(epoch_seed(cfg, epoch, ctx.rank))
     for loader in (run.train_loader, run.precise_bn_loader):  # the same loader twice without a separate one
         set_loader_epoch(loader, epoch)
-    state.bad_videos.clear()
-    state.fallback_videos.clear()
-    metrics: dict[str, object] = {"lr": state.scheduler.get_last_lr()[0]}
-    metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter))
+    epoch_lr, tally = state.scheduler.get_last_lr()[0], EpochTally.start(ctx.device)
+    if run.progress is not None:  # resumed mid-epoch: this rank's counts and RNG states as they were
+        epoch_lr, tally = run.progress.lr, run.progress.restore(ctx)
+        skip_batches(run.train_loader, run.progress.batches)
+        run.progress = None
+    metrics: dict[str, object] = {"lr": epoch_lr}
+    metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter, tally,
+                                   functools.partial(after_step, run, epoch, epoch_lr)))
     broadcast_buffers(run.raw_model)
     done = epoch + 1
     is_best = False
-    bad = gather_bad(state.bad_videos)  # this epoch's training skips, from every rank
-    fallback = dict(gather_bad(state.fallback_videos))  # path -> why decord could not open it
+    bad = gather_bad(tally.bad)  # this epoch's training skips, from every rank
+    require_readable("CONFIG.DATA.TRAIN_ANNO_PATH", "CONFIG.DATA.TRAIN_DATA_PATH", done, metrics["train_clips"], bad)
+    fallback = dict(gather_bad(tally.fallback))  # path -> why decord could not open it
     validate = done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM
     save = done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM
     if train.PRECISE_BN and (validate or save):  # as PySlowFast: before each evaluation and checkpoint
@@ -193,9 +250,10 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
         log.info("precise BatchNorm statistics from %d batches over %d rank(s)", batches, ctx.world_size)
     if validate:
         val = evaluate(run.raw_model, run.val_loader, ctx, cfg)
+        require_readable("CONFIG.DATA.VAL_ANNO_PATH", "CONFIG.DATA.VAL_DATA_PATH", done, val["count"], val["bad"])
         metrics.update({f"val_{k}": v for k, v in val.items() if k not in ("bad", "fallback")})
-        is_best = val["top1"] > best_top1
-        best_top1 = max(best_top1, val["top1"])
+        is_best = val["top1"] > run.best_top1
+        run.best_top1 = max(run.best_top1, val["top1"])
         bad = sorted({*bad, *val["bad"]})  # evaluate already gathered its own
         fallback.update(val["fallback"])
     for path, reason in bad:
@@ -209,25 +267,79 @@ def run_epoch(run: Run, epoch: int, best_top1: float) -> float:
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
-    if ctx.is_main and (save or is_best):
-        ckpt = checkpoint.build_checkpoint(run.raw_model, state, epoch=done, best_top1=best_top1,
-                                           config_yaml=(run.out / "config.yaml").read_text(), metrics=metrics,
-                                           inference=run.inference)
-        path = checkpoint.save_checkpoint(ckpt, run.out / log_cfg.SAVE_DIR, done, is_best, train.KEEP_LAST)
-        log.info("saved %s%s", path, " (best)" if is_best else "")
-    return best_top1
+    if save or is_best:
+        if run.writer is not None:
+            run.writer.submit(checkpoint.build_checkpoint(
+                run.raw_model, state, epoch=done, best_top1=run.best_top1, config_yaml=run.config_yaml,
+                metrics=metrics, inference=run.inference), done, is_best)
+        run.control.checkpointed()
 
 
-def finish(raw_model: nn.Module, ctx: DistContext, out: Path, reporter: Reporter) -> None:
-    """Check every rank holds the same weights (written by rank 0), then close the run as finished."""
-    digests = all_gather_object(weights_digest(raw_model))
-    if ctx.is_main:
+def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_clips: int, epoch_end: bool) -> None:
+    """What every rank does after an optimizer step: agree on a checkpoint or a stop (one all-reduce), report the
+    step, record a restarted attempt after its first step."""
+    state = run.state
+    verdict = run.control.agree(step_clips)
+    run.reporter.step_done(state.step, verdict.clips, state.scheduler.get_last_lr()[0])
+    if not run.stepped:
+        run.stepped = True
+        record_attempt(run)
+    if verdict.stop or (verdict.checkpoint and not epoch_end):  # at the epoch's end its own checkpoint comes
+        save_mid_epoch(run, epoch, epoch_lr, tally)
+    if verdict.stop:
+        stop_here(run, epoch)
+
+
+def record_attempt(run: Run) -> None:
+    """Rank 0 records a restarted attempt (VIDCLUSTER_ATTEMPT) once its first step is done; node 1's checkpoint
+    writer mirrors the record. Every process takes part in the broadcast, whether or not its node set the variable."""
+    record = None
+    if run.attempt is not None:
+        record = attempt_record(run.attempt, run.resumed_step, time.time())
+    record = broadcast_object(record)
+    if record is not None:
+        run.reporter.attempt(record)
+
+
+def save_mid_epoch(run: Run, epoch: int, epoch_lr: float, tally: EpochTally) -> None:
+    """Every rank: a checkpoint of this very step, with where the epoch stands on every rank (the writers write it)."""
+    # Both copies hold rank 0's BatchNorm statistics. Training never reads them, and every rank takes rank 0's at the
+    # epoch's end anyway, so the final weights are those of a run without mid-epoch checkpoints.
+    broadcast_buffers(run.raw_model)
+    progress = EpochProgress.capture(run.ctx, epoch, epoch_lr, tally)
+    run.control.checkpointed()
+    if run.writer is not None:
+        run.writer.submit(checkpoint.build_checkpoint(
+            run.raw_model, run.state, epoch=epoch, best_top1=run.best_top1, config_yaml=run.config_yaml, metrics={},
+            inference=run.inference, progress=progress.record()), epoch, step=run.state.step)
+
+
+def stop_here(run: Run, epoch: int) -> NoReturn:
+    """Every rank, after the stop's checkpoint: wait until every copy is on disk, say so, end as preempted."""
+    if run.writer is not None:
+        run.writer.wait()
+    barrier(run.ctx)
+    step = run.state.step
+    name = checkpoint.checkpoint_name(epoch, step)
+    message = f"stopped on a signal at step {step} (epoch {epoch + 1}) with checkpoint {name}; start again to resume"
+    log.warning("%s", message)
+    run.reporter.close("preempted", message, step=step)
+    raise Preempted(message)
+
+
+def finish(run: Run) -> None:
+    """Wait for the last checkpoint, check every rank holds the same weights (written by rank 0), then close the run
+    as finished."""
+    if run.writer is not None:
+        run.writer.wait()
+    digests = all_gather_object(weights_digest(run.raw_model))  # also: every copy is on disk before "finished"
+    if run.ctx.is_main:
         identical = len(set(digests)) == 1
-        (out / "weights_digest.json").write_text(
-            json.dumps({"world_size": ctx.world_size, "digests": digests, "identical": identical}, indent=1)
+        (run.out / "weights_digest.json").write_text(
+            json.dumps({"world_size": run.ctx.world_size, "digests": digests, "identical": identical}, indent=1)
         )
-        log.info("final weights identical on all %d ranks: %s", ctx.world_size, identical)
-    reporter.close("finished")
+        log.info("final weights identical on all %d ranks: %s", run.ctx.world_size, identical)
+    run.reporter.close("finished")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

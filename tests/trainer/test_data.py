@@ -16,6 +16,7 @@ import torch
 from trainer.__main__ import main as trainer_cli
 from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
+from trainer.data.loader import set_loader_epoch
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, eval_crop, normalize, train_crop
 from trainer.distributed import DistContext
@@ -291,7 +292,7 @@ def test_train_clips_depend_on_seed_epoch_index_not_on_workers(synthetic_dataset
     for workers in (0, 2):
         cfg = make_cfg(synthetic_dataset, batch_size=6, NUM_WORKERS=workers, RANDOM_FLIP=True)
         loader = build_loader(build_dataset(cfg, "train"), cfg, "train", None)
-        loader.sampler.set_epoch(1)
+        set_loader_epoch(loader, 1)
         batches[workers] = list(loader)
     assert len(batches[0]) == 4
     for a, b in zip(batches[0], batches[2], strict=True):
@@ -315,7 +316,7 @@ def test_two_ranks_evaluate_every_sample_exactly_once(
         ]  # fmt: skip
         assert sorted(seen) == list(range(total))
     train = build_dataset(cfg, "train")
-    shards = [build_loader(train, cfg, "train", rank_ctx(rank, 2)).sampler for rank in (0, 1)]
+    shards = [build_loader(train, cfg, "train", rank_ctx(rank, 2)).batch_sampler.batches.sampler for rank in (0, 1)]
     for sampler in shards:
         sampler.set_epoch(4)
     assert sorted(i for sampler in shards for i, epoch in sampler if epoch == 4) == list(range(24))

@@ -11,6 +11,9 @@ from torch import nn
 
 from trainer import checkpoint
 from trainer.config import validate_config
+from trainer.distributed import single_process_context
+from trainer.errors import CheckpointError
+from trainer.resume import choose_checkpoint, load_resume_state, node_checkpoints
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 
 
@@ -104,8 +107,7 @@ def test_checkpoints_keep_last_k_plus_best(tmp_path: Path) -> None:
         checkpoint.save_checkpoint({"epoch": epoch}, tmp_path, epoch, is_best=epoch == 2, keep_last=2)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["epoch_0004.pth", "epoch_0005.pth"]
     assert torch.load(tmp_path / "best.pth")["epoch"] == 2
-    assert checkpoint.resolve_resume_path("auto", tmp_path) == tmp_path / "epoch_0005.pth"
-    assert checkpoint.resolve_resume_path("", tmp_path) is None
+    assert choose_checkpoint([node_checkpoints(tmp_path)]) == ("epoch_0005.pth", 0)
     assert checkpoint.find_eval_checkpoint(tmp_path) == tmp_path / "best.pth"
 
 
@@ -123,5 +125,7 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path: Path) -> None:
 
 
 def test_resume_from_missing_path_names_it(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"CONFIG\.TRAIN\.RESUME.*nope\.pth"):
-        checkpoint.resolve_resume_path(str(tmp_path / "nope.pth"), tmp_path)
+    ctx = single_process_context(make_config())
+    assert load_resume_state(ctx, "", tmp_path, tmp_path / "metrics.jsonl", writer=True) is None
+    with pytest.raises(CheckpointError, match=r"CONFIG\.TRAIN\.RESUME: checkpoint .*nope\.pth does not exist"):
+        load_resume_state(ctx, str(tmp_path / "nope.pth"), tmp_path, tmp_path / "metrics.jsonl", writer=True)

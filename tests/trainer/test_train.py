@@ -28,6 +28,7 @@ from trainer.__main__ import main as trainer_cli
 from trainer.config import load_config
 from trainer.distributed import launch, single_process_context
 from trainer.model_setup import build_model_from_config
+from trainer.reporting import read_metrics
 from trainer.train import build_train_model, train_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +82,7 @@ def run_trainer(
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run_dir / "metrics.jsonl")  # the epoch records
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""Check a whole dataset: open every listed video with the configured decoder and decode its first and last frame.
+"""Check a whole dataset: open every listed video with the configured decoder and decode its first and last frame;
+and, during training, stop when a whole pass could read none of its videos.
 
 A bad video's reason ends by saying whether the other decoder reads it, so the fix is plain: switch DECODER, or
 re-encode or drop the file.
@@ -16,6 +17,7 @@ import torch
 
 from trainer.data.annotations import read_annotations
 from trainer.data.decoders import BadVideo, ClipDecoder, DecoderChoice, DecoderUnavailable, check_file
+from trainer.errors import UserError
 
 CHECK_PROCESSES = 2
 # The decoder to ask about a video the configured one cannot read.
@@ -63,3 +65,20 @@ def check_dataset(
                              initargs=(1,)) as pool:
         reasons = list(pool.map(partial(check_video, decoder), paths, chunksize=8))
     return [(path, reason) for path, reason in zip(paths, reasons, strict=True) if reason is not None]
+
+
+class UnreadableData(UserError):
+    """A whole pass over a split read none of its videos: the data is gone (unmounted, moved, unreadable), which no
+    restart fixes, not a few bad files (those are skipped and counted)."""
+
+
+def require_readable(list_key: str, root_key: str, epoch: int, clips: int, bad: list[tuple[str, str]]) -> None:
+    """Raise UnreadableData when epoch ``epoch`` (1-based) trained or evaluated no clip, all ranks together, because
+    every video it tried was bad (``bad``: their (path, reason), gathered from every rank)."""
+    if clips or not bad:
+        return
+    path, reason = bad[0]
+    raise UnreadableData(
+        f"{list_key}: none of the {len(bad)} video(s) tried in epoch {epoch} could be read (e.g. {path}: {reason}); "
+        f"check that {root_key} is in place and readable on every node (python -m trainer check-data lists them)"
+    )

@@ -2,21 +2,25 @@
 bad videos and reports them.
 
 Training always uses a DistributedSampler (with one replica when not distributed), so the order of an epoch is
-a function of (TRAIN.SEED, epoch) alone; call `loader.sampler.set_epoch(epoch)` before each epoch. Evaluation
-gives rank r the items r, r + world, r + 2 * world, ...: every sample is evaluated exactly once, with no
-padding duplicates (DistributedSampler pads), at the cost of shards that may differ in length by one.
+a function of (TRAIN.SEED, epoch) alone; call `set_loader_epoch(loader, epoch)` before each epoch. Its batches come
+from a ResumableBatches, so a run resumed from a mid-epoch checkpoint starts the epoch's pass at the batch where it
+stopped, without decoding the ones before (`skip_batches`). Evaluation gives rank r the items r, r + world,
+r + 2 * world, ...: every sample is evaluated exactly once, with no padding duplicates (DistributedSampler pads), at
+the cost of shards that may differ in length by one.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
-from collections.abc import Iterator, Sequence
+import signal
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, get_worker_info
+from torch.utils.data import BatchSampler, DataLoader, Sampler, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data.dataset import Split, VideoClipDataset
@@ -33,6 +37,34 @@ class EpochDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
         return ((index, self.epoch) for index in super().__iter__())
+
+
+class ResumableBatches(Sampler[list[Any]]):
+    """A training loader's batches (a BatchSampler, or a MultigridBatchSampler) whose next pass may start part-way
+    through the epoch: the keys of the batches before that point are drawn, as the uninterrupted pass draws them, and
+    dropped before any worker decodes a clip."""
+
+    def __init__(self, batches: BatchSampler | MultigridBatchSampler) -> None:
+        self.batches = batches
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        target = self.batches if isinstance(self.batches, MultigridBatchSampler) else self.batches.sampler
+        target.set_epoch(epoch)  # type: ignore[union-attr]
+
+    def skip_next(self, count: int) -> None:
+        """Start the next pass at batch ``count`` of the epoch (a mid-epoch resume); later passes start at 0."""
+        self._skip = count
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        # Taken when the pass draws its first batch, not when its iterator is made: a DataLoader with workers makes
+        # one iterator it never uses before the one it does.
+        skip, self._skip = self._skip, 0
+        yield from itertools.islice(self.batches, skip, None)
+
+    def __len__(self) -> int:
+        """Batches of the next pass."""
+        return max(len(self.batches) - self._skip, 0)
 
 
 class ShardSampler(Sampler[int]):
@@ -89,7 +121,11 @@ def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seed numpy, random and torch in a worker from its torch seed (loader generator's base seed + id)."""
+    """Seed numpy, random and torch in a worker from its torch seed (loader generator's base seed + id). A stop
+    signal sent to the whole process group is the training process's to act on: the worker ignores it (it ends
+    with its parent)."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
@@ -123,11 +159,12 @@ def build_loader(
     else:
         sampler = ShardSampler(len(dataset), rank, world)
         batch_size, drop_last = cfg.CONFIG.VAL.BATCH_SIZE, False
-    schedule = MultigridSchedule.from_config(cfg) if split == "train" and multigrid else None
-    batching: dict[str, Any] = (
-        {"sampler": sampler, "batch_size": batch_size, "drop_last": drop_last} if schedule is None
-        else {"batch_sampler": MultigridBatchSampler(sampler, schedule, drop_last)}  # type: ignore[arg-type]
-    )
+    batching: dict[str, Any] = {"sampler": sampler, "batch_size": batch_size, "drop_last": drop_last}
+    if split == "train":
+        schedule = MultigridSchedule.from_config(cfg) if multigrid else None
+        batches = (BatchSampler(sampler, batch_size, drop_last) if schedule is None
+                   else MultigridBatchSampler(sampler, schedule, drop_last))  # type: ignore[arg-type]
+        batching = {"batch_sampler": ResumableBatches(batches)}
     workers = cfg.CONFIG.DATA.NUM_WORKERS
     return DataLoader(
         dataset,
@@ -142,19 +179,28 @@ def build_loader(
     )
 
 
-def set_loader_epoch(loader: Any, epoch: int) -> None:
-    """Tell a training loader's sampler (and multigrid batch sampler) which epoch comes next."""
-    for sampler in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)  # the multigrid batch sampler passes it on to the sampler
-            return
-
-
-def epoch_batches(loader: Any, epochs: int) -> list[int]:
-    """Batches of each of ``epochs`` epochs of a training loader: len(loader) each, or what the multigrid schedule
-    makes of this rank's shard epoch by epoch."""
+def _resumable(loader: Iterable[Any]) -> ResumableBatches:
     batches = getattr(loader, "batch_sampler", None)
+    if not isinstance(batches, ResumableBatches):
+        raise TypeError("not a training loader (build_loader(..., 'train'))")
+    return batches
+
+
+def set_loader_epoch(loader: Iterable[Any], epoch: int) -> None:
+    """Tell a training loader's sampler (through its batches) which epoch comes next."""
+    _resumable(loader).set_epoch(epoch)
+
+
+def skip_batches(loader: Iterable[Any], count: int) -> None:
+    """The training loader's next pass starts at batch ``count`` of its epoch; nothing before it is decoded."""
+    _resumable(loader).skip_next(count)
+
+
+def epoch_batches(loader: Iterable[Any], epochs: int) -> list[int]:
+    """Batches of each of ``epochs`` epochs of a training loader: the same each, or what the multigrid schedule
+    makes of this rank's shard epoch by epoch."""
+    batches = _resumable(loader).batches
     if not isinstance(batches, MultigridBatchSampler):
-        return [len(loader)] * epochs
+        return [len(batches)] * epochs
     return [batches.schedule.batches_in_epoch(e, len(batches.sampler), batches.drop_last)  # type: ignore[arg-type]
             for e in range(epochs)]
