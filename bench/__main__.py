@@ -1,13 +1,14 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
-    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch checkpoint]
+    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch checkpoint restarts]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
 bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
 vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
 (launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
-training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step).
+training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
+bench/restarts.py (a job healing itself on a local cluster: detection, training again, training lost; root).
 --quick: fewer clips, steps and epochs (a few minutes on 2 cores); without it, more of each (steadier ratios).
 """
 
@@ -21,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import checkpoint, ddp, decoders, gpu_step, launch_overhead, loader, multigrid
+from bench import checkpoint, ddp, decoders, gpu_step, launch_overhead, loader, local, multigrid, restarts
 
 Row = tuple[str, str, str, float | None, str, bool | None]  # what, value, baseline, ratio, goal, met
 
@@ -96,10 +97,10 @@ def launch_rows(quick: bool) -> list[Row]:
     try:
         r = launch_overhead.run(repeats=2 if quick else 3)
     except RuntimeError as exc:
-        if str(exc) != launch_overhead.NEEDS_ROOT:
+        if str(exc) != local.NEEDS_ROOT:
             raise
         return [("launch-training.yml to the first step (bench/launch_overhead.py)", "skipped", "", None,
-                 launch_overhead.NEEDS_ROOT, None)]
+                 local.NEEDS_ROOT, None)]
     goal = launch_overhead.GOAL_S
     return [(f"launch-training.yml start to the first step on every node (2-node local cluster), {when}, s",
              f"{r[key]:.1f}", f"{r['import_s']:.1f}", r[key] / r["import_s"], f"<= import + {goal:.0f} s",
@@ -123,9 +124,30 @@ def checkpoint_rows(quick: bool) -> list[Row]:
     ]
 
 
+def restart_rows(quick: bool) -> list[Row]:
+    try:
+        found = restarts.run()
+    except RuntimeError as exc:
+        if str(exc) != local.NEEDS_ROOT:
+            raise
+        return [("a job healing itself (bench/restarts.py)", "skipped", "", None, local.NEEDS_ROOT, None)]
+    rows: list[Row] = []
+    limit = restarts.CHECKPOINT_MINUTES * 60
+    for row in found:
+        detected, again, lost = restarts.goals(row)
+        rows += [
+            (f"{row['scenario']}: detected, s", f"{row['detect_s']}", "", None,
+             f"<= heartbeat {restarts.HEARTBEAT_S:.0f} + 5 s", detected),
+            ("  from detection to training again, s", f"{row['restart_s']}", "", None, "<= 60 s", again),
+            ("  training lost, steps (s)", f"{row['lost_steps']} ({row['lost_s']})", "", None,
+             f"<= CHECKPOINT_MINUTES ({limit:.0f} s)", lost),
+        ]
+    return rows
+
+
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
-    "launch": launch_rows, "checkpoint": checkpoint_rows,
+    "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows,
 }
 
 

@@ -1,6 +1,6 @@
 """From `ansible-playbook launch-training.yml` to the first training step on every node, against the bare import time.
 
-    .venv/bin/python bench/launch_overhead.py [--repeats 3]     (root: builds a 2-node local cluster, ~2 minutes)
+    .venv/bin/python -m bench.launch_overhead [--repeats 3]     (root: builds a 2-node local cluster, ~2 minutes)
     .venv/bin/python -m bench --only launch                    (the same, as a row of the benchmark table)
 
 Baseline, measured in the same run: `import torch, torchvision, decord` on a node (inside its network and mount
@@ -19,24 +19,15 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_BIN = REPO / ".venv" / "bin"
+from bench.local import REPO, playbook, training_cluster
+
 CLUSTER = "lover"
 CLUSTER_DIR = REPO / ".local-cluster" / CLUSTER
 INVENTORY = CLUSTER_DIR / "inventory.yml"
 GOAL_S = 10.0
-NEEDS_ROOT = "needs root (network namespaces, sshd)"
 FIRST_STEP = re.compile(r"^(\d\d:\d\d:\d\d) INFO epoch 1 iteration 1:", re.M)
-
-
-def playbook(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run([str(VENV_BIN / "ansible-playbook"), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, check=True)
 
 
 def bare_import_seconds() -> float:
@@ -65,17 +56,7 @@ def first_step_seconds(job: str, started: datetime.datetime) -> float:
 def run(repeats: int) -> dict[str, float]:
     """The bare import on a node (best of ``repeats``) and launch-training.yml's start to the first step: the first
     launch, which ships the trainer code to the nodes, and the best of the later ones (new jobs, code in place)."""
-    if os.geteuid() != 0:
-        raise RuntimeError(NEEDS_ROOT)
-    playbook("playbooks/local-cluster.yml", "-e", "nodes=2", "-e", f"cluster_name={CLUSTER}")
-    try:
-        playbook("-i", str(INVENTORY), "setup-cluster.yml")
-        with tempfile.TemporaryDirectory() as tmp:
-            data = Path(tmp) / "vidcluster-test"
-            subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes",
-                            "left", "right"], cwd=REPO, check=True, capture_output=True)  # fmt: skip
-            playbook("-i", str(INVENTORY), "playbooks/stage-data.yml", "-e", f"src={data}", "-e",
-                     "dest=data/vidcluster-test")
+    with training_cluster(CLUSTER, 2):
         imports, launches = [], []
         for i in range(repeats):
             imports.append(bare_import_seconds())
@@ -87,8 +68,6 @@ def run(repeats: int) -> dict[str, float]:
                      "-e", json.dumps({"ddp_config_overrides": overrides}))  # fmt: skip
             launches.append(first_step_seconds(job, started))
             playbook("-i", str(INVENTORY), "stop-training.yml", "-e", f"job_id={job}")
-    finally:
-        playbook("playbooks/local-cluster.yml", "-e", f"cluster_name={CLUSTER}", "-e", "state=absent")
     return {"import_s": min(imports), "first_launch_s": launches[0], "launch_s": min(launches[1:] or launches)}
 
 

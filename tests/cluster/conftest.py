@@ -25,11 +25,12 @@ USER = "vctrain"
 _RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
-# The playbooks' environment in the tests: the venv's tools, no colours, and Ansible's default output, every task and
-# host included (ansible.cfg's `vidcluster` output leaves out what says nothing; tests read it all).
-PLAYBOOK_ENV = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1",
-                "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"}
+def playbook_env() -> dict[str, str]:
+    """The playbooks' environment in the tests (this process's, as it is now): the venv's tools, no colours, and
+    Ansible's default output, every task and host included (ansible.cfg's `vidcluster` output leaves out what says
+    nothing; tests read it all)."""
+    return {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1", "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"}
 
 
 def run_playbook(path: str | Path, *args: str, inventory: Path | None = None, check: bool = True,
@@ -40,7 +41,7 @@ def run_playbook(path: str | Path, *args: str, inventory: Path | None = None, ch
     if inventory is not None:
         cmd += ["-i", str(inventory)]
     cmd += [str(path), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env or PLAYBOOK_ENV, capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run(cmd, cwd=REPO, env=env or playbook_env(), capture_output=True, text=True, timeout=timeout,
                           check=False)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")

@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import (
-    PLAYBOOK_ENV,
     REPO,
     VENV_BIN,
     LocalCluster,
@@ -42,6 +41,7 @@ from tests.cluster.conftest import (
     flat,
     job_processes,
     node_job_dir,
+    playbook_env,
     stage_dataset,
 )
 
@@ -57,7 +57,6 @@ LAUNCH_ARGS = (
     "-e", "ddp_config_stop_grace=5",
     "-e", "ddp_launch_follow_hours=0.25",
 )  # fmt: skip
-ENV = PLAYBOOK_ENV
 PLAYBOOKS = ("launch-training.yml", "stop-training.yml", "training-status.yml", "setup-cluster.yml",
              "playbooks/stage-data.yml")  # fmt: skip
 
@@ -73,7 +72,7 @@ def launch(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.
 def launch_in_background(cluster: LocalCluster, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "launch-training.yml", *LAUNCH_ARGS, *args],
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
@@ -223,7 +222,7 @@ def test_errors_come_before_any_training_process(cluster: LocalCluster, tmp_path
         proc = subprocess.run(
             [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "launch-training.yml", *LAUNCH_ARGS,
              *TWO_NODES, "-e", f"config={CONFIG}", "-e", f"job_id={job}"],
-            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False,
+            cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
     finally:
         for umount in in_nodes[1::2]:
@@ -259,7 +258,7 @@ def test_a_login_as_root_is_refused_on_the_node(cluster: LocalCluster, tmp_path:
         rootless.write_text(re.sub(r"(?m)^\s+ansible_user: .*\n", "", cluster.inventory.read_text()))
         proc = subprocess.run(
             [str(VENV_BIN / "ansible-playbook"), "-i", str(rootless), "training-status.yml", "-u", "root", "--limit",
-             "node2"], cwd=REPO, env={**ENV, "USER": "vctrain"}, capture_output=True, text=True, timeout=300,
+             "node2"], cwd=REPO, env={**playbook_env(), "USER": "vctrain"}, capture_output=True, text=True, timeout=300,
             check=False)  # fmt: skip
     finally:
         config.write_text(original)
@@ -338,7 +337,7 @@ def test_a_launch_prints_what_matters_in_at_most_150_lines(cluster: LocalCluster
     """The demo's launch step, as a user sees it (ansible.cfg's output): 2 nodes, 8 epochs, from the start of the
     playbook to the result."""
     job = f"{cluster.name}-lines"
-    env = {key: value for key, value in ENV.items() if key != "ANSIBLE_STDOUT_CALLBACK"}
+    env = {key: value for key, value in playbook_env().items() if key != "ANSIBLE_STDOUT_CALLBACK"}
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "launch-training.yml", *TWO_NODES,
          "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "ddp_config_omp_num_threads=1",

@@ -80,11 +80,13 @@ def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: Loc
     assert "world size 6 (3 node(s) x 2 worker(s)" in (results / "log.txt").read_text()
     digest = json.loads((results / "weights_digest.json").read_text())
     assert digest["world_size"] == 6 and len(set(digest["digests"])) == 1 and digest["identical"], digest
-    # Only in the rank-0 node's home; the job folders hold no run at all.
-    assert sorted(p.name for p in (node0.home / "scratch" / "exps" / job / "checkpoints").iterdir()) == [
-        "best.pth", "epoch_0001.pth", "epoch_0002.pth"]
-    for node in (node1, node2):
-        assert not (node.home / "scratch").exists()
+    # In the rank-0 node's home, and a copy of the checkpoints (and of metrics.jsonl) in node rank 1's, so the run
+    # survives the loss of either; none on node 2, and the job folders hold no run at all.
+    for node in (node0, node1):
+        run_dir = node.home / "scratch" / "exps" / job
+        assert {"epoch_0001.pth", "epoch_0002.pth"} <= {p.name for p in (run_dir / "checkpoints").iterdir()}
+        assert [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert not (node2.home / "scratch").exists()
     for node in cluster.nodes:
         assert list((node.home / "vidcluster" / "jobs" / job).rglob("*.pth")) == []
     rendered = (results / "nodes" / "node2.yaml").read_text()
@@ -177,7 +179,7 @@ def test_pretrained_weights_are_fetched_once_on_the_controller_and_loaded_on_eve
         path.write_text(json.dumps([{"source": "site", "url": "https://weights.invalid/site/i3d_tiny_site.pth",
                                      "format": "vidcluster", "checksum_kind": "sha256", "checksum": checksum,
                                      "mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225],
-                                     "models": ["i3d_tiny"]}]))  # fmt: skip
+                                     "models": ["i3d_tiny"], "clip": [8, 1, 32]}]))  # fmt: skip
         return path
 
     job = f"{cluster.name}-pretrained"

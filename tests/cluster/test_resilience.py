@@ -5,8 +5,12 @@ addresses (gloo, the watch and the rendezvous all over IPv6), a 10 s heartbeat t
   - a trainer frozen (SIGSTOP): caught within the heartbeat timeout, restarted, finished;
   - restarts off (-e max_restarts=0): a kill ends the job, saying why;
   - a node lost for good (every process of its namespace killed): the spare takes its rank and the job finishes;
-  - the rank-0 node (the job's hub) lost: the nodes choose a new hub, the spare joins, the job finishes, and the
-    controller follows the new hub.
+  - the rank-0 node (the job's hub) lost: the nodes choose a new hub, the spare joins, the job finishes from the
+    checkpoint that survived on the other node, and the controller follows the new hub;
+  - SIGTERM to every supervisor (a preemption): every rank checkpoints at the same step, the job restarts and loses
+    no step: it ends with the reference's weights;
+  - every training video of one node unreadable from epoch 2 on: the trainer's exit status 2, no restart loop, one
+    clear message naming the node.
 Slow (a few minutes): the slow lane, `bash scripts/test.sh --slow` (.ci/run runs it after the main lane).
 """
 
@@ -23,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import (
-    PLAYBOOK_ENV,
     REPO,
     VENV_BIN,
     LocalCluster,
@@ -31,6 +34,7 @@ from tests.cluster.conftest import (
     flat,
     job_processes,
     node_job_dir,
+    playbook_env,
     stage_dataset,
 )
 
@@ -43,13 +47,12 @@ LAUNCH_ARGS = (
     "-e", "ddp_launch_poll_seconds=2",
     "-e", "ddp_config_omp_num_threads=1",
     "-e", "ddp_config_heartbeat_timeout=10",
-    "-e", "ddp_config_stop_grace=5",
+    "-e", "ddp_config_stop_grace=10",
     "-e", "ddp_config_node_wait=30",
     "-e", "ddp_launch_recheck_seconds=15",
     "-e", "ddp_launch_follow_hours=0.25",
     "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS}}}}),
 )  # fmt: skip
-ENV = PLAYBOOK_ENV
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,7 @@ def launch(cluster: LocalCluster, job: str, *args: str) -> subprocess.Popen[str]
     return subprocess.Popen(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "launch-training.yml", *LAUNCH_ARGS,
          "-e", f"job_id={job}", *args],
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
@@ -221,3 +224,58 @@ def test_the_rank0_node_lost_the_job_goes_on_with_a_new_hub(cluster: LocalCluste
     assert f"{job}: no answer from node0 (the job's hub)" in flat(out)  # the controller found the new hub
     assert "Job " + job + " finished" in flat(out)
     assert status_of(node1, job)["state"] == "finished"
+
+
+def supervisor_pid(node: Node, job: str) -> int:
+    return int(json.loads((node_job_dir(node, job) / "state.json").read_text())["pid"])
+
+
+def test_sigterm_to_every_supervisor_checkpoints_at_a_common_step_and_loses_no_step(cluster: LocalCluster,
+                                                                                  reference: str) -> None:
+    node0, node1, _ = cluster.nodes
+    job = f"{cluster.name}-preempt"
+    play = launch(cluster, job)
+    wait_for_epoch(node0, job, 6, play)
+    for node in (node0, node1):  # what a scheduler or a cloud's spot notice sends
+        os.kill(supervisor_pid(node, job), signal.SIGTERM)
+    out = finish(play)
+    assert play.returncode == 0, out[-4000:]
+    rec = record(node0, job)
+    cause = rec["attempts"][1]["cause"]
+    assert cause["kind"] == "preempted" and rec["restarts"] == 1
+    restarted = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()
+                 if '"attempt"' in line]
+    assert restarted and restarted[0]["attempt"] == 1 and restarted[0]["steps_lost"] == 0, restarted
+    for node in (node0, node1):  # the trainers stopped with the checkpoint's status, 75
+        assert "the trainer exited with status 75" in (node_job_dir(node, job) / "train.log").read_text()
+    assert digest(job) == reference  # the restart lost no step and replayed nothing differently
+
+
+def test_a_data_error_at_epoch_2_ends_the_job_in_one_message_without_a_restart(cluster: LocalCluster) -> None:
+    node0, node1, _ = cluster.nodes
+    job = f"{cluster.name}-baddata"
+    data = node1.home / "data" / "vidcluster-test"
+    saved = data.with_name("vidcluster-test-saved")
+    play = launch(cluster, job)
+    try:
+        wait_for_epoch(node0, job, 1, play)
+        data.rename(saved)  # every training video of node1, from now on, is garbage
+        (data / "train").mkdir(parents=True)
+        for video in (saved / "train").rglob("*.mp4"):
+            garbage = data / video.relative_to(saved)
+            garbage.parent.mkdir(parents=True, exist_ok=True)
+            garbage.write_bytes(b"not a video" * 100)
+        for listed in saved.glob("*.txt"):
+            (data / listed.name).write_bytes(listed.read_bytes())
+        out = finish(play)
+    finally:
+        if saved.exists():
+            import shutil
+
+            shutil.rmtree(data, ignore_errors=True)
+            saved.rename(data)
+    assert play.returncode != 0
+    assert "The job failed: node1 failed first: its trainer rejected its input (exit status 2" in flat(out), (
+        out[-4000:])
+    assert "a restart cannot fix a bad input" in flat(out) and "error: " in out  # the trainer's own line, shown
+    assert record(node0, job)["restarts"] == 0 and job_processes(job) == []
