@@ -222,17 +222,23 @@ def test_bad_videos_are_skipped_counted_and_named(synthetic_dataset: dict[str, A
 def test_predict_ranks_the_true_class_first_and_its_percentages_sum_to_100(
     synthetic_dataset: dict[str, Any], two_process_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for true_class in ("left", "right"):  # a model that always answers one class fails one of the two
-        video = sorted(Path(synthetic_dataset["VAL_DATA_PATH"]).glob(f"val/{true_class}/*.mp4"))[0]
+    # Every validation video: a short run's model may hesitate on one or two (the training tests ask >= 80% top-1),
+    # so the claim is that predict's first answer is the true class as often, on both classes (a model that always
+    # answers one class gets 50%), with both classes ranked and percentages that sum to 100.
+    right = 0
+    videos = sorted(Path(synthetic_dataset["VAL_DATA_PATH"]).glob("val/*/*.mp4"))
+    for video in videos:
         trainer_cli(["predict", str(video), "--config-file", str(two_process_run / "config.yaml"),
                      "--checkpoint", str(two_process_run / "checkpoints" / "best.pth"), "--topk", "5"])
         lines = capsys.readouterr().out.splitlines()
         assert lines[0] == f"{video}:"
         ranked = [re.fullmatch(r"(\d)\. (\w+) (\d+\.\d)%", line) for line in lines[1:]]
         assert all(ranked), lines  # --topk 5 of 2 classes: both, ranked
-        assert [(m[1], m[2]) for m in ranked] == [("1", true_class), ("2", ({"left", "right"} - {true_class}).pop())]
+        assert [m[1] for m in ranked] == ["1", "2"] and {m[2] for m in ranked} == {"left", "right"}, lines
         percents = [float(m[3]) for m in ranked]
-        assert percents[0] > 50.0 and sum(percents) == pytest.approx(100.0, abs=0.1), lines
+        assert percents[0] >= percents[1] and sum(percents) == pytest.approx(100.0, abs=0.1), lines
+        right += ranked[0][2] == video.parent.name
+    assert len(videos) == 12 and right >= 10, f"{right} of {len(videos)} ranked their true class first"
 
 
 def test_gluoncv_tutorial_command_under_legacy_launcher(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
