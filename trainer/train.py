@@ -240,8 +240,10 @@ def run_epoch(run: Run, epoch: int) -> None:
     broadcast_buffers(run.raw_model)
     done = epoch + 1
     is_best = False
+    # A rank whose pass read none of its videos lost its data (a share unmounted on its node): it stops here with
+    # status 2, naming its folder; its peers then lose it in the gather below, and the job's verdict names its node.
+    require_readable("CONFIG.DATA.TRAIN_ANNO_PATH", "CONFIG.DATA.TRAIN_DATA_PATH", done, tally.clips, tally.bad)
     bad = gather_bad(tally.bad)  # this epoch's training skips, from every rank
-    require_readable("CONFIG.DATA.TRAIN_ANNO_PATH", "CONFIG.DATA.TRAIN_DATA_PATH", done, metrics["train_clips"], bad)
     fallback = dict(gather_bad(tally.fallback))  # path -> why decord could not open it
     validate = done % cfg.CONFIG.VAL.FREQ == 0 or done == train.EPOCH_NUM
     save = done % log_cfg.SAVE_FREQ == 0 or done == train.EPOCH_NUM

@@ -299,8 +299,9 @@ def test_only_the_jobs_nodes_are_heard_and_the_follow_prints_per_change(cluster:
     assert play.returncode == 0, out[-4000:]
     assert (after - before) < 20 * 1024, f"the hub grew from {before} to {after} KiB"
     log = (node_job_dir(node0, job) / "train.log").read_text()
-    refused = [line for line in log.splitlines() if line.startswith(f"jobctl: refused a connection from {node2.ip}")]
-    assert len(refused) == 1, refused  # logged once per address, whatever the flood
+    # (counted anywhere in a line: a trainer's progress bar may have left its line open when the supervisor wrote)
+    refused = log.count(f"jobctl: refused a connection from {node2.ip}:")
+    assert refused == 1, (sent["said"], [line for line in log.splitlines() if "jobctl: " in line])  # logged once
     assert "jobctl: attempt 1" not in log and "failed first" not in log  # nothing was believed
     assert sent["line_mib_taken"] < 100  # the hub hung up on the long line long before its end
     member_log = (node_job_dir(node1, job) / "train.log").read_text()

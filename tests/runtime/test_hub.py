@@ -99,6 +99,19 @@ def test_a_silent_node_is_lost_and_a_spare_takes_its_rank() -> None:
     assert j.record["attempts"][1]["cause"]["detect_s"] >= HT  # from the last sign of life to the decision
 
 
+def test_a_node_lost_for_good_is_the_cause_although_its_peers_exited_first() -> None:
+    """Its peers' trainers exit at once (their collective broke); the node itself is silent only a heartbeat
+    timeout later, while the attempt stops: the verdict names the lost node, not the first exit."""
+    j = Job(plan(nodes=2, spares=1))
+    j.tick(3, "n0", "n1", "n2")
+    j.exit("n0", 1)
+    j.tick(HT + 5, "n0", "n2")  # n1 is gone: no exit, no report
+    assert j.record["attempt"] == 1 and j.record["assignment"] == {"n0": 0, "n2": 1}
+    cause = j.record["attempts"][1]["cause"]
+    assert (cause["node"], cause["kind"]) == ("n1", "lost"), cause
+    assert any(line.startswith("attempt 1: n1 failed first: ") for line in j.log), j.log
+
+
 def test_a_hub_that_cannot_hear_a_majority_stops_its_attempt_and_starts_none() -> None:
     j = Job(plan(nodes=2, spares=2))  # 4 members: 3 make a majority
     j.tick(3, "n0", "n1", "n2", "n3")

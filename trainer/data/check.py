@@ -73,10 +73,11 @@ class UnreadableData(UserError):
 
 
 def require_readable(list_key: str, root_key: str, epoch: int, clips: int, bad: list[tuple[str, str]]) -> None:
-    """Raise UnreadableData when epoch ``epoch`` (1-based) trained or evaluated no clip, all ranks together, because
-    every video it tried was bad (``bad``: their (path, reason), gathered from every rank)."""
+    """Raise UnreadableData when a pass of epoch ``epoch`` (1-based) read no clip because every video it tried was
+    bad (``bad``: their (path, reason)). Training checks each rank's own pass, evaluation all ranks' together."""
     if clips or not bad:
         return
+    bad = sorted(set(bad))  # a padded sample can be the same file twice
     path, reason = bad[0]
     raise UnreadableData(
         f"{list_key}: none of the {len(bad)} video(s) tried in epoch {epoch} could be read (e.g. {path}: {reason}); "

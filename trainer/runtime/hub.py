@@ -242,16 +242,25 @@ class Hub:
             if node in lost:
                 continue
             silent = self._silent(view, now)
+            if silent is None and view.running() and now > deadline:
+                silent = "it did not confirm that its trainer stopped"
             if silent is not None:
                 lost[node] = silent
+                # A node lost for good shows first as its peers' exits (their collective broke at once), and only
+                # later as silence: one silent since before the first failure is its cause, not a consequence.
+                last = wall - (now - (view.heard or self.started))
+                if last <= self.record["first_failure"]["at"]:
+                    self._fail(node, "lost", silent, last)
             elif view.running():
-                if now > deadline:
-                    lost[node] = "it did not confirm that its trainer stopped"
-                else:
-                    pending.append(node)
+                pending.append(node)
         if lost != self.record["lost"]:
             self.lost_at.update({node: now for node in lost if node not in self.lost_at})
             self._change(lost=lost)
+        first = self.first()
+        if first != self.record["first_failure"]:
+            assert first is not None
+            self.log(f"attempt {self.record['attempt']}: {words(first)}")
+            self._change(first_failure=first)
         if not pending:
             self._decide(now, wall)
 
