@@ -11,9 +11,9 @@ hub, and not hearing from it is not a failure.
     network that is not a node of the job: ignored, logged once, the supervisor's memory bounded, the job trains to
     the end; its results are collected where the config's LOG keys put them, and following it prints a line per
     change of progress, not per poll;
-  - the controller cut off from the hub's node for longer than the grace period: following gives up without
-    stopping anything, the job trains to the end, and a later launch reports it finished;
-  - launching a running job again attaches to it; stop-training.yml stops a running job on every node.
+  - (slow lane) the controller cut off from the hub's node for longer than the grace period: following gives up
+    without stopping anything, the job trains to the end, and a later launch reports it finished;
+  - (slow lane) launching a running job again attaches to it; stop-training.yml stops a running job on every node.
 The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml copies once, every
 node keeps its own files in its own folder of the job.
 Run: .venv/bin/python -m pytest tests/cluster/test_launch.py  (root; a few minutes on 2 cores).
@@ -290,7 +290,8 @@ def test_only_the_jobs_nodes_are_heard_and_the_follow_prints_per_change(cluster:
             capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
         assert attack.returncode == 0, attack.stderr
         sent = json.loads(attack.stdout)
-        assert sent["connections"] >= 3000 and sent["line_mib"] == 100
+        # thousands reached the hub (a loaded machine's backlog may turn some of the 3,000 away first)
+        assert sent["attempted"] == 3000 and sent["connections"] >= 1000 and sent["line_mib"] == 100, sent
         after = rss_kib(hub["pid"])
         out, _ = play.communicate(timeout=400)
     finally:
@@ -351,8 +352,15 @@ def test_a_launch_prints_what_matters_in_at_most_150_lines(cluster: LocalCluster
     assert f"Job {job} started: 2 node(s), 2 process(es), gloo" in out  # where the job runs
     assert f"{job}: running: epoch 8/8 done" in out and f"Job {job} finished; last epoch:" in out
     assert "skipping: [" not in proc.stdout and "included: " not in proc.stdout
+    # The hub's supervisor left as soon as every member had the end, not a heartbeat timeout (60 s) later.
+    ended = re.search(r"^jobctl: the job finished: .* at (\S+ \S+)$",
+                      (node_job_dir(cluster.nodes[0], job) / "train.log").read_text(), re.M)
+    assert ended is not None
+    left = node_state(cluster.nodes[0], job)["updated"] - time.mktime(time.strptime(ended[1], "%Y-%m-%d %H:%M:%S"))
+    assert left < 20, f"the hub's supervisor left {left:.0f} s after the end"
 
 
+@pytest.mark.slow  # minutes of a job's life: the slow lane
 def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(cluster: LocalCluster) -> None:
     node0 = cluster.nodes[0]
     job = f"{cluster.name}-blink"
@@ -384,6 +392,7 @@ def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(c
             ][-1] == 60
 
 
+@pytest.mark.slow  # minutes of a job's life: the slow lane
 def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster: LocalCluster) -> None:
     job = f"{cluster.name}-attach"
     args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(30))

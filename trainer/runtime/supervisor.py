@@ -265,12 +265,16 @@ class Supervisor:
             try:
                 link = await wire.connect(str(self.hub_addr), self.keyring, self.report_body("join"),
                                           min(5.0, self.timeout))
+                told_end = False
                 while not self.done.is_set():
                     reply = await link.recv(self.interval * 2 + 5)
                     if reply.get("type") != "record":
                         break
                     self.adopt(reply)
-                    await asyncio.sleep(self.interval)
+                    if self.record["end"] is None or told_end:
+                        await asyncio.sleep(self.interval)
+                    else:  # the hub stays until every member has the end: say so at once, before this node is done
+                        told_end = True
                     await link.send(self.report_body("report"))
             except (TimeoutError, wire.WireError, OSError, ValueError):
                 pass
