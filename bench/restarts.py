@@ -94,6 +94,8 @@ def measure(inventory: Path, name: str, index: int) -> dict[str, Any]:
          "-e", "ddp_launch_recheck_seconds=15", "-e", json.dumps({"ddp_config_overrides": overrides})],
         cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     while read(run_file(0, job, "status.json")).get("epoch", 0) < 6:
+        if play.poll() is not None:
+            raise SystemExit(f"{job}: the launch ended (status {play.returncode}) before epoch 6")
         time.sleep(0.2)
     time.sleep(4)  # into the epoch, past its last mid-epoch checkpoint: some training to lose
     fault(job)
