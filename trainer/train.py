@@ -21,7 +21,7 @@ next optimizer step, and the command ends with status 75.
 
 Exit status (trainer.errors): 0 finished; 2 the input is bad (config, data, weights; also data that becomes unreadable
 mid-run), which a restart cannot fix; 75 stopped on SIGTERM or SIGUSR1 with a checkpoint: start it again to resume;
-anything else a crash. Spawned workers' statuses are the command's; under torchrun (or srun) each worker process
+anything else a crash. Spawned workers' statuses are the command's; under torchrun each worker process
 ends with these statuses, and torchrun itself with 1 when one of them does not end with 0.
 """
 
