@@ -251,6 +251,8 @@ class Supervisor:
         self.term, self.mode = term, "hub"
         self.hub = Hub(self.plan, self.record, term, time.monotonic(), time.time(), say,
                        lost_hub=lost_hub if term > 0 else None)
+        # the run's progress as the old hub last told this member: the step a lost attempt reached is on record
+        self.hub.progress = self.progress
         self.hub.heard(self.me, self.report_body("report"), time.monotonic())
         self.record = self.hub.record
         if term > 0:
