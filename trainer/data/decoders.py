@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
+import stat
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
 import decord
@@ -192,10 +193,15 @@ def decode_device(requested: str, gpu: int = 0) -> str:
 
 def check_file(path: str) -> None:
     """BadVideo for what no decoder can read: a missing or empty file."""
-    file = Path(path)
-    if not file.is_file():
-        raise BadVideo("missing file")
-    if file.stat().st_size == 0:
+    try:  # one stat: the file may vanish between two looks (an unmounted share)
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise BadVideo("missing file") from exc
+    except OSError as exc:
+        raise BadVideo(f"cannot read: {exc.strerror}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise BadVideo("not a regular file")
+    if info.st_size == 0:
         raise BadVideo("empty file (0 bytes)")
 
 
