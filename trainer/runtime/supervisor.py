@@ -3,7 +3,9 @@
 It runs the node's trainer (trainer.runtime.node) as the job's record says, and takes part in the job's watch:
 every supervisor listens on an ephemeral port of its cluster address (authenticated: trainer.runtime.wire); one of
 them is the job's hub (trainer.runtime.hub), the others report to it every heartbeat_timeout/6 seconds and start or
-stop their trainers by the record it answers with. One asyncio loop, one thread: no locks.
+stop their trainers by the record it answers with. A member reports at once when its trainer starts, exits or fails,
+and every second while its trainer has run and does not run now (the hub's next word, the job's end or its next
+attempt, is what it waits for): an exit is not left to the next heartbeat. One asyncio loop, one thread: no locks.
 
 The hub at launch is the first member (the rank-0 node). A member that has not heard its hub for heartbeat_timeout
 seconds stops its trainer (gloo cannot abort a collective that waits on a lost peer) and looks for the next hub:
@@ -39,6 +41,7 @@ from trainer.runtime.plan import NodePlan
 
 MAX_CONNECTIONS = 64  # plus 2 per member: a flood of connections never costs more than this many at once
 TICK = 0.5
+WAITING_REPORT_S = 1.0  # how often a member whose trainer has stopped asks the hub what comes next
 
 
 def say(message: str) -> None:
@@ -74,6 +77,8 @@ class Supervisor:
         self.end: dict[str, Any] | None = None  # how the job ended, as this node knows it
         self.acked: dict[str, int] = {}  # the hub: the record version each member last reported having
         self.done = asyncio.Event()
+        self.news = asyncio.Event()  # this node's trainer changed (started, exited, failed): tell the hub now
+        self.trainer_seen: tuple[Any, ...] = ()
         self.last_state: str = ""
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -140,6 +145,10 @@ class Supervisor:
     def tick(self) -> None:
         now = time.monotonic()
         self.node.poll()
+        seen = (self.node.trainer["attempt"], self.node.trainer["state"], self.node.failure is not None)
+        if seen != self.trainer_seen:
+            self.trainer_seen = seen
+            self.news.set()
         if self.hub is not None:
             self.hub.heard(self.me, self.report_body("report"), now)
             self.hub.tick(now, time.time())
@@ -274,7 +283,7 @@ class Supervisor:
                         break
                     self.adopt(reply)
                     if self.record["end"] is None or told_end:
-                        await asyncio.sleep(self.interval)
+                        await self.until_next_report()
                     else:  # the hub stays until every member has the end: say so at once, before this node is done
                         told_end = True
                     await link.send(self.report_body("report"))
@@ -292,6 +301,13 @@ class Supervisor:
                 await self.search(lost_hub=str(hub))
                 return
             await asyncio.sleep(min(2.0, self.interval))
+
+    async def until_next_report(self) -> None:
+        """A heartbeat's interval, less when this node has news or waits on the hub (see the module docstring)."""
+        waiting = not self.node.running and bool(self.node.started_attempts)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.news.wait(), min(self.interval, WAITING_REPORT_S) if waiting else self.interval)
+        self.news.clear()
 
     async def search(self, lost_hub: str) -> None:
         """Find the job's next hub, or become it (see the module docstring); give up after the plan's node wait."""
