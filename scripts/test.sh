@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need, then runs lint and the suite's main lane (under 20 minutes here).
 #   bash scripts/test.sh            # the main lane: everything but the slow scenarios
-#   bash scripts/test.sh --slow     # the slow lane: whole-job failure scenarios (.ci/run runs it after the main lane)
+#   bash scripts/test.sh --slow     # the slow lane: whole jobs on clusters of their own, and their failures (.ci/run runs
+#                                   # it after the main lane)
 #   bash scripts/test.sh --all      # both
 # Extra arguments go to pytest (e.g. a test file). Needs root (the cluster tests build network-namespace hosts with
 # their own sshd).

@@ -11,12 +11,13 @@ hub, and not hearing from it is not a failure.
     network that is not a node of the job: ignored, logged once, the supervisor's memory bounded, the job trains to
     the end; its results are collected where the config's LOG keys put them, and following it prints a line per
     change of progress, not per poll;
-  - (slow lane) the controller cut off from the hub's node for longer than the grace period: following gives up
+  - the controller cut off from the hub's node for longer than the grace period: following gives up
     without stopping anything, the job trains to the end, and a later launch reports it finished;
-  - (slow lane) launching a running job again attaches to it; stop-training.yml stops a running job on every node.
+  - launching a running job again attaches to it; stop-training.yml stops a running job on every node.
 The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml copies once, every
 node keeps its own files in its own folder of the job.
-Run: .venv/bin/python -m pytest tests/cluster/test_launch.py  (root; a few minutes on 2 cores).
+The whole module is the slow lane (`bash scripts/test.sh --slow`, about 12 minutes on 2 cores with test_resilience.py
+beside it); the main lane launches in private homes (test_launch_private_homes.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ LAUNCH_ARGS = (
     "-e", "ddp_config_stop_grace=5",
     "-e", "ddp_launch_follow_hours=0.25",
 )  # fmt: skip
+# Minutes of whole jobs on a cluster of its own: the slow lane, where its cluster is built once for every scenario.
+pytestmark = pytest.mark.slow
+
 PLAYBOOKS = ("launch-training.yml", "stop-training.yml", "training-status.yml", "setup-cluster.yml",
              "playbooks/stage-data.yml")  # fmt: skip
 
@@ -381,7 +385,6 @@ def test_a_launch_prints_what_matters_in_at_most_150_lines(cluster: LocalCluster
     assert left < 20, f"the hub's supervisor left {left:.0f} s after the end"
 
 
-@pytest.mark.slow  # minutes of a job's life: the slow lane
 def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(cluster: LocalCluster) -> None:
     node0 = cluster.nodes[0]
     job = f"{cluster.name}-blink"
@@ -413,7 +416,6 @@ def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(c
             ][-1] == 60
 
 
-@pytest.mark.slow  # minutes of a job's life: the slow lane
 def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster: LocalCluster) -> None:
     job = f"{cluster.name}-attach"
     args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(30))
