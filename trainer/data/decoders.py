@@ -192,7 +192,7 @@ def decode_device(requested: str, gpu: int = 0) -> str:
 
 
 def check_file(path: str) -> None:
-    """BadVideo for what no decoder can read: a missing or empty file."""
+    """BadVideo for what no decoder can read: a missing, unreadable, non-regular or empty file."""
     try:  # one stat: the file may vanish between two looks (an unmounted share)
         info = os.stat(path)
     except FileNotFoundError as exc:
