@@ -25,9 +25,9 @@ EXPERIMENT = {
 }
 
 
-def job(homes: list[str], spares: int = 0, **extra: Any) -> JobSpec:
-    """A job over nodes n0.. (the last ``spares`` are spares) with these homes."""
-    nodes = [{"name": f"n{i}", "ip": f"10.9.0.{10 + i}", "gpus": 0, "home": home, "iface": "eth0"}
+def job(homes: list[str], spares: int = 0, net: str = "10.9.0", **extra: Any) -> JobSpec:
+    """A job over nodes n0.. (the last ``spares`` are spares) with these homes, at ``net``.10, ``net``.11..."""
+    nodes = [{"name": f"n{i}", "ip": f"{net}.{10 + i}", "gpus": 0, "home": home, "iface": "eth0"}
              for i, home in enumerate(homes)]
     count = len(nodes) - spares
     return JobSpec.from_json({"job_id": "k400-a", "port": 29500, "code_version": "abc123", "nodes": nodes[:count],

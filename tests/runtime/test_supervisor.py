@@ -16,23 +16,20 @@ import sys
 import time
 from pathlib import Path
 
-from tests.runtime.test_plan import EXPERIMENT
-from trainer.node_config import JobSpec, render_job
+from tests.cluster.conftest import REPO
+from tests.runtime.test_plan import job, plans
 from trainer.runtime import layout, nodestate, procs
 
-REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_TIMEOUT = 60.0  # the launcher's default: members report every 10 s while their trainers run
 
 
 def write_job(tmp_path: Path) -> list[str]:
-    """The job folders of a hub (n0, 127.0.0.1) and a member (n1, 127.0.0.2) whose trainers exit 0 at once."""
-    nodes = [{"name": f"n{i}", "ip": f"127.0.0.{i + 1}", "gpus": 0, "home": str(tmp_path / f"home{i}"),
-              "iface": "lo"} for i in range(2)]
-    spec = JobSpec.from_json({"job_id": "quick", "port": 29500, "nodes": nodes,
-                              "watch": {"heartbeat_timeout": HEARTBEAT_TIMEOUT}})
+    """The job folders of a hub (n0, 127.0.0.10) and a member (n1, 127.0.0.11) whose trainers exit 0 at once."""
+    spec = job([str(tmp_path / "home0"), str(tmp_path / "home1")], net="127.0.0",
+               watch={"heartbeat_timeout": HEARTBEAT_TIMEOUT})
     folders = []
-    for member in render_job(EXPERIMENT, spec, "exp.yaml")["members"].values():
-        plan = dataclasses.replace(member["plan"], argv=(sys.executable, "-c", "pass"))
+    for planned in plans(spec).values():
+        plan = dataclasses.replace(planned, argv=(sys.executable, "-c", "pass"))
         folder = Path(plan.paths.job_dir)
         folder.mkdir(parents=True)
         (folder / layout.PLAN_FILE).write_text(plan.to_json())
