@@ -57,15 +57,6 @@ def rsync_problem() -> str:
     return "" if done.returncode == 0 else f"rsync --version exits {done.returncode}"
 
 
-def point(handle: str, target: str) -> None:
-    """Make the symlink handle -> target (replaced atomically when it points elsewhere)."""
-    if os.path.islink(handle) and os.readlink(handle) == target:
-        return
-    tmp = f"{handle}.{os.getpid()}.tmp"
-    os.symlink(target, tmp)
-    os.replace(tmp, handle)
-
-
 def prepare(dest: str, stage: str, handle: str, digest: str, checksum: bool, sent: str | None) -> dict[str, Any]:
     import manifest  # trainer/data/manifest.py, passed along by the role (see the module docstring)
 
@@ -74,7 +65,7 @@ def prepare(dest: str, stage: str, handle: str, digest: str, checksum: bool, sen
         os.makedirs(stage, mode=0o700, exist_ok=True)
         os.makedirs(dest, exist_ok=True)
         prefix = os.path.join(stage, handle)
-        point(prefix, dest)
+        manifest.point(prefix, dest)
         for old in glob.glob(glob.escape(prefix) + ".*.progress"):
             os.unlink(old)
         out: dict[str, Any] = {"dest": dest, "stage": stage, "rsync": rsync_problem(), "manifest": "stale",
@@ -105,7 +96,7 @@ def source(src: str, stage: str, handle: str, label: str) -> dict[str, Any]:
     try:
         os.makedirs(stage, mode=0o700, exist_ok=True)
         prefix = os.path.join(stage, handle)
-        point(prefix, src)
+        manifest.point(prefix, src)
         return {"src": src, "stage": stage, "rsync": rsync_problem(),
                 "build": manifest.build(src, f"{prefix}.manifest.json", f"{label}:{src}")}
     except (OSError, manifest.ManifestError) as exc:
