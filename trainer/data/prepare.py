@@ -31,7 +31,7 @@ commands with every node's own python3 and trainer/data/manifest.py passed along
     prepare.py state DEST WORK             fold the runs' results into DEST's state; the handle WORK/dest -> DEST
     prepare.py run WORK [--detach]         this node's share (WORK/jobs.json): fetch sources it cannot read in place,
                                            transcode, send the outputs where DEST is; progress in WORK/progress.json
-    prepare.py seal DEST SOURCE            DEST's manifest, seeded with the hashes taken while transcoding
+    prepare.py seal DEST SOURCE WORK       DEST's manifest, seeded with the hashes taken while transcoding
 
 and on the controller (``python -m trainer.data.prepare``, from the repository):
 
@@ -569,12 +569,14 @@ def run_detached(work: str, detach: bool) -> int:
 
 
 def deliver(work: str) -> dict[str, Any]:
-    """Stop a run an interrupted play left (it holds the lock), and send what it made where DEST is."""
+    """Stop a run an interrupted play left (it holds the lock), send what it made where DEST is, and drop the
+    sources it was sent (the next plan sends what it needs)."""
     work = expand(work)
     if not os.path.exists(os.path.join(work, "jobs.json")):
         return {"sent": False}
     lock = take_lock(work)
     try:
+        shutil.rmtree(os.path.join(work, "in"), ignore_errors=True)
         return {"sent": send_outputs(read_spec(work), work)}
     finally:
         lock.close()
@@ -686,10 +688,11 @@ def report_text(totals: dict[str, dict[str, dict[str, int]]], bad: list[dict[str
     return f'{head[:-1]}, "bad": [\n{rows}\n]}}\n'
 
 
-def seal(dest: str, source: str) -> dict[str, Any]:
+def seal(dest: str, source: str, work: str) -> dict[str, Any]:
     """DEST's manifest (trainer/data/manifest.py): the clips' hashes come from the state (taken while they were
-    made), the folder's earlier manifest gives the rest it knows; only files neither knows are hashed."""
-    dest = expand(dest)
+    made), the folder's earlier manifest gives the rest it knows; only files neither knows are hashed. Built in
+    WORK, installed in DEST only when it changed."""
+    dest, work = expand(dest), expand(work)
     known = {}
     with contextlib.suppress(manifest.ManifestError):
         known = {e.path: e for e in manifest.read_manifest(os.path.join(dest, manifest.MANIFEST))[0].entries}
@@ -697,7 +700,7 @@ def seal(dest: str, source: str) -> dict[str, Any]:
         if entry["ok"]:
             size, mtime_ns, sha256 = entry["file"]
             known[out] = manifest.Entry(out, size, mtime_ns, sha256)
-    seed = os.path.join(dest, STATE_DIR, "manifest.json")
+    seed = os.path.join(work, "manifest.json")
     manifest.write_atomically(seed, manifest.Manifest(source, sorted(known.values(), key=lambda e: e.path)).dumps())
     built = manifest.build(dest, seed, source)
     target = os.path.join(dest, manifest.MANIFEST)
@@ -730,6 +733,7 @@ def parser() -> argparse.ArgumentParser:
     p = commands.add_parser("seal")
     p.add_argument("dest")
     p.add_argument("source")
+    p.add_argument("work")
     p = commands.add_parser("plan")
     p.add_argument("csv", nargs="+")
     for flag in ("--index", "--state", "--layout", "--options", "--out"):
@@ -750,7 +754,7 @@ def answer(args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "state":
         return fold_state(args.dest, args.work)
     if args.command == "seal":
-        return seal(args.dest, args.source)
+        return seal(args.dest, args.source, args.work)
     if args.command == "plan":
         with open(args.layout, encoding="utf-8") as f:
             layout = json.load(f)
