@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from trainer.data.annotations import write_annotations_from_tree
     from trainer.data.check import check_dataset
     from trainer.data.dataset import VideoClipDataset, build_dataset
-    from trainer.data.loader import build_loader
+    from trainer.data.loader import build_loader, loader_workers
     from trainer.data.synthetic import make_synthetic_dataset
 
 _MODULES = {
@@ -22,6 +22,7 @@ _MODULES = {
     "build_dataset": "dataset",
     "build_loader": "loader",
     "check_dataset": "check",
+    "loader_workers": "loader",
     "make_synthetic_dataset": "synthetic",
     "write_annotations_from_tree": "annotations",
 }
@@ -30,6 +31,7 @@ __all__ = [
     "build_dataset",
     "build_loader",
     "check_dataset",
+    "loader_workers",
     "make_synthetic_dataset",
     "write_annotations_from_tree",
 ]
