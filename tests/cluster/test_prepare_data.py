@@ -171,6 +171,7 @@ def test_every_node_made_its_share_and_said_so(cluster: LocalCluster, prepared: 
     for node in cluster.names:
         assert re.search(rf"{node}: done, \d clip\(s\) made", out), out[-3000:]
     assert "train: 4 of 8 clips made, 4 not; val: 2 of 2 clips made, 0 not; 3 classes." in out
+    assert "its manifest: 10 files, 4 hashed now" in out  # the lists, the index and the report; not the clips
     for node in cluster.nodes[1:]:  # what they made went to node0; they keep only their bookkeeping
         assert not (node.home / prepared["dest"] / "train").exists()
         assert not list((node.home / "vidcluster" / "prepare").glob("*/out/**/*.mp4"))
@@ -192,6 +193,7 @@ def test_a_second_run_makes_and_changes_nothing(cluster: LocalCluster, prepared:
     rerun = prepare(cluster, str(prepared["src"]), prepared["csvs"], prepared["dest"])
     assert changed_total(rerun.stdout, cluster.names) == 0, rerun.stdout[-4000:]
     assert "8 made already, 1 missing from the source; nothing to make." in flat(rerun.stdout)
+    assert "its manifest: 10 files, 0 hashed now" in flat(rerun.stdout)
     assert "starting" not in rerun.stdout
     assert {p: p.stat().st_mtime_ns for p in prepared["out"].rglob("*") if p.is_file()} == before
 
@@ -270,7 +272,7 @@ def test_a_shared_destination_is_written_once_from_a_node_source_and_an_interrup
         assert (shared / "train.txt").read_text() == (prepared["out"] / "train.txt").read_text()
         assert (shared / "val.txt").read_text() == (prepared["out"] / "val.txt").read_text()
         assert manifest.verify(str(shared), adopt=False).complete
-        assert not any((node.home / "vidcluster" / "prepare").glob("*/in") for node in cluster.nodes)
+        assert not [sent for node in cluster.nodes for sent in (node.home / "vidcluster" / "prepare").glob("*/in")]
         again = prepare(cluster, "node1:raw k400", prepared["csvs"], str(shared))
         assert changed_total(again.stdout, cluster.names) == 0, again.stdout[-4000:]
     finally:

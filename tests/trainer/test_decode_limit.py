@@ -178,18 +178,18 @@ def test_a_run_goes_on_past_a_hung_decoder_and_reports_the_file(
 def test_a_run_with_a_hung_decoder_is_the_same_on_a_rerun_and_on_a_resume(
     synthetic_dataset: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Two processes (decoding in the training processes: their helpers are forked from them), the run, the same
-    run again, and the run killed mid-epoch after the hang and resumed end with the same weights and records; the
-    resumed run knows the file from its checkpoint and never decodes it again."""
+    """Two processes with a DataLoader worker each: the run, the same run again, and the run killed mid-epoch after
+    the hang and resumed end with the same weights and records; the resumed run knows the file from its checkpoint
+    and never decodes it again."""
     runs = {}
     for name in ("first", "rerun"):
-        cfg, env = hanging_run(synthetic_dataset, tmp_path, name, workers=2, epochs=3, loader_workers=0)
+        cfg, env = hanging_run(synthetic_dataset, tmp_path, name, workers=2, epochs=3, loader_workers=1)
         run_trainer("-m", "trainer.train", "--config-file", cfg, **env)
         assert entered(Path(env[LOG_ENV])) == 1
         runs[name] = tmp_path / name
     assert_same_run(runs["rerun"], runs["first"])
 
-    cfg, env = hanging_run(synthetic_dataset, tmp_path, "resumed", workers=2, epochs=3, loader_workers=0,
+    cfg, env = hanging_run(synthetic_dataset, tmp_path, "resumed", workers=2, epochs=3, loader_workers=1,
                            minutes=1e-6)
     ckpts, log = tmp_path / "resumed" / "checkpoints", Path(env[LOG_ENV])
     proc = subprocess.Popen([sys.executable, "-m", "trainer.train", "--config-file", str(cfg)],

@@ -72,6 +72,7 @@ TMP_PREFIX = ".vidcluster-tmp-"
 BEAT_SECONDS = 1.0
 STOP_WAIT = 30.0
 RSYNC_SSH = "ssh -o BatchMode=yes"  # the cluster's SSH mesh (setup-cluster.yml): node names, verified host keys
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 
 
 class PrepareError(Exception):
@@ -111,6 +112,9 @@ class Options:
         return hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:16]
 
     def check(self) -> None:
+        """PrepareError naming the first option ffmpeg could not honour."""
+        if self.preset not in X264_PRESETS:
+            raise PrepareError(f"preset must be one of x264's ({', '.join(X264_PRESETS)}), got {self.preset!r}")
         if self.short_side < 2 or self.short_side % 2:
             raise PrepareError(f"short_side must be an even number of pixels (H.264 in 4:2:0), got {self.short_side}")
         for name in ("fps", "keyint", "timeout"):
