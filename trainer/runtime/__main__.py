@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.runtime import layout, nodestate, procs, report
+from trainer.runtime.contract import JOB_DIR_ENV
 
 
 def start(job_dir: str, hub: str | None) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def start(job_dir: str, hub: str | None) -> dict[str, Any]:
         raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current['pid']}); "
                          "stop it first")
     argv = [sys.executable, "-m", "trainer.runtime", "supervise", job_dir, *(["--hub", hub] if hub else [])]
-    env = {**os.environ, procs.JOB_ENV: job_dir}
+    env = {**os.environ, JOB_DIR_ENV: job_dir}
     with (Path(job_dir) / layout.LOG_FILE).open("ab") as log:
         # A new session: the job outlives the SSH connection that started it.
         proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,

@@ -18,9 +18,9 @@ that share a home directory never share a file. Each file has one writer:
     weights-table.json  the launch   the site's table of weights (VIDCLUSTER_WEIGHTS_TABLE), when there is one
     trainer-code.tar.gz  the launch  a code version on its way into <code_root>/<version> (deleted once unpacked)
 
-The trainer writes the run directory (the config's LOG.BASE_PATH/EXP_NAME; ``run_files``): status.json,
-metrics.jsonl, the log (LOG.LOG_FILENAME), curves.png, weights_digest.json, config.yaml and the checkpoints
-(LOG.SAVE_DIR). The trainer code lives in ``code_dir(code_root, version)``/trainer, one folder per version.
+The trainer writes the run directory (the config's LOG.BASE_PATH/EXP_NAME; its files are named in
+trainer.runtime.contract) and the checkpoints (LOG.SAVE_DIR). The trainer code lives in
+``code_dir(code_root, version)``/trainer, one folder per version.
 
 On a node, the launcher runs ``python3 -c "<this file>" VERB --jobs-dir DIR --job JOB --node NODE [ARGS...]``: this
 finds the job's folder, reads its plan, and runs ``python -m trainer.runtime VERB JOB_DIR ARGS...`` with the plan's
@@ -47,17 +47,8 @@ HEARTBEAT_DIR = "heartbeat"
 SITE_WEIGHTS_TABLE = "weights-table.json"
 CODE_ARCHIVE = "trainer-code.tar.gz"  # a code version on its way to the node (unpacked, then deleted)
 
-# The trainer's run directory: what a finished run leaves there (besides the log and checkpoints, whose names are
-# config keys), in the order the launcher collects them.
-STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.png"
-DIGEST_FILE = "weights_digest.json"
-RUN_CONFIG_FILE = "config.yaml"
-
 DEFAULT_JOBS_DIR = "~/vidcluster/jobs"
 DEFAULT_CODE_ROOT = "~/vidcluster/code"
-WEIGHTS_CACHE = "~/.cache/vidcluster/weights"
 # A job id names folders on every node: no separators, no leading dot, nothing a shell or a path would read.
 JOB_ID_CHARS = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
 
@@ -97,11 +88,6 @@ def code_dir(code_root: str, version: str, home: str) -> str:
 def env_python(env_path: str, home: str) -> str:
     """The training environment's Python on a node."""
     return posixpath.join(node_path(env_path, home), "bin", "python")
-
-
-def run_files(log_filename: str) -> list[str]:
-    """The run directory's files the launcher collects from the rank-0 node when a job ends, required ones first."""
-    return [METRICS_FILE, STATUS_FILE, CURVES_FILE, log_filename, DIGEST_FILE, RUN_CONFIG_FILE]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

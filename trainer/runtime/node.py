@@ -23,12 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from trainer.runtime import layout, procs
+from trainer.runtime.contract import (
+    ATTEMPT_ENV,
+    HEARTBEAT_DIR_ENV,
+    HEARTBEAT_INTERVAL_ENV,
+    JOB_DIR_ENV,
+    TRAINER_ENV,
+    thread_budget,
+)
 from trainer.runtime.nodestate import read_json
 from trainer.runtime.plan import NodePlan
-
-HEARTBEAT_DIR_ENV = "VIDCLUSTER_HEARTBEAT_DIR"
-HEARTBEAT_INTERVAL_ENV = "VIDCLUSTER_HEARTBEAT_INTERVAL"
-ATTEMPT_ENV = "VIDCLUSTER_ATTEMPT"
 
 
 def free_port(ip: str) -> int:
@@ -72,11 +76,11 @@ class Node:
         beats.mkdir(exist_ok=True)
         for old in beats.iterdir():
             old.unlink()
-        env = {**os.environ, **self.plan.env, procs.JOB_ENV: self.job_dir, procs.TRAINER_ENV: str(attempt),
+        env = {**os.environ, **self.plan.env, JOB_DIR_ENV: self.job_dir, TRAINER_ENV: str(attempt),
                HEARTBEAT_DIR_ENV: str(beats), HEARTBEAT_INTERVAL_ENV: str(self.interval)}
         if int(env.get("OMP_NUM_THREADS", "0") or 0) <= 0:
             # Share the node's cores between its workers instead of every worker taking all of them.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, self.plan.workers)))
+            env["OMP_NUM_THREADS"] = str(thread_budget(self.plan.workers))
         cause = record["attempts"][-1].get("cause") if record["attempts"] else None
         if cause:
             env[ATTEMPT_ENV] = json.dumps({"attempt": attempt, **{k: cause.get(k) for k in (

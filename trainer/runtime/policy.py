@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.runtime.contract import COPY_NODE_RANK
 from trainer.runtime.verdict import words
 
 
@@ -40,11 +41,11 @@ def same_way(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 def _ranks_after(assignment: Mapping[str, int], replaced: Mapping[str, str]) -> dict[str, int]:
     ranks = {node: rank for node, rank in assignment.items() if node not in replaced}
-    deputy = next((node for node, rank in ranks.items() if rank == 1), None)
+    deputy = next((node for node, rank in ranks.items() if rank == COPY_NODE_RANK), None)
     for old, new in replaced.items():
         rank = assignment[old]
         if rank == 0 and deputy is not None:  # the node with the second copy of the checkpoints becomes rank 0
-            ranks[deputy], rank = 0, 1
+            ranks[deputy], rank = 0, COPY_NODE_RANK
         ranks[new] = rank
     return dict(sorted(ranks.items(), key=lambda item: item[1]))
 

@@ -24,8 +24,8 @@ import signal
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-TRAINER_REJECTED = 2  # trainer.errors.USER_ERROR_EXIT: bad input, one `error:` line
-TRAINER_PREEMPTED = 75  # EX_TEMPFAIL: the trainer checkpointed at a step every rank agreed on, then exited
+from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
+
 # Kinds by tier: a failure of an earlier tier explains the later ones; within a tier, the earlier failure does.
 TIERS = (("rejected", "stopped"), ("killed", "frozen", "lost"), ("preempted",), ("exited",))
 KINDS = tuple(kind for tier in TIERS for kind in tier)
@@ -41,10 +41,10 @@ def exit_failure(rc: int | None) -> tuple[str, str]:
         except ValueError:
             name = ""
         return "killed", f"its trainer was killed by signal {-rc}{name}"
-    if rc == TRAINER_REJECTED:
-        return "rejected", "its trainer rejected its input (exit status 2; the log says what to fix)"
-    if rc == TRAINER_PREEMPTED:
-        return "preempted", "its trainer checkpointed and stopped when asked (exit status 75)"
+    if rc == EXIT_REJECTED:
+        return "rejected", f"its trainer rejected its input (exit status {EXIT_REJECTED}; the log says what to fix)"
+    if rc == EXIT_PREEMPTED:
+        return "preempted", f"its trainer checkpointed and stopped when asked (exit status {EXIT_PREEMPTED})"
     return "exited", f"its trainer exited with status {rc}"
 
 
