@@ -48,6 +48,8 @@ from trainer.config import (
     validate_config,
 )
 from trainer.runtime import contract, layout
+from trainer.runtime.contract import SAFE_PATH
+from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 
 USE_TIME = "use_time"
@@ -258,13 +260,14 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
     members = tuple(Member(m.name, m.ip, rank if m in job.nodes else None)
                     for rank, m in enumerate(job.members))
     return NodePlan(
+        schema=PLAN_SCHEMA,
         job=job.job_id,
         node=node.name,
         members=members,
         port=job.port,
         backend=backend,
         workers=per_node,
-        argv=(python, "-m", "trainer.train", "--config-file", config_file),
+        argv=(python, *SAFE_PATH, "-m", "trainer.train", "--config-file", config_file),
         env=node_env(job, node, code, folder),
         paths=Paths(
             job_dir=folder, plan=posixpath.join(folder, layout.PLAN_FILE),

@@ -28,26 +28,26 @@ from pathlib import Path
 from typing import Any
 
 from trainer.runtime import layout, nodestate, procs, report
-from trainer.runtime.contract import JOB_DIR_ENV
+from trainer.runtime.contract import JOB_DIR_ENV, SAFE_PATH
+from trainer.runtime.plan import NodePlan, PlanError
 
 
 def start(job_dir: str, hub: str | None) -> dict[str, Any]:
-    current = nodestate.status(job_dir)
-    if current["state"] == "running":
-        raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current['pid']}); "
+    current = nodestate.node_state(job_dir)
+    if current is not None and nodestate.supervisor_alive(job_dir, current):
+        raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current.pid}); "
                          "stop it first")
-    argv = [sys.executable, "-m", "trainer.runtime", "supervise", job_dir, *(["--hub", hub] if hub else [])]
+    argv = [sys.executable, *SAFE_PATH, "-m", "trainer.runtime", "supervise", job_dir, *(["--hub", hub] if hub else [])]
     env = {**os.environ, JOB_DIR_ENV: job_dir}
     with (Path(job_dir) / layout.LOG_FILE).open("ab") as log:
         # A new session: the job outlives the SSH connection that started it.
         proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + 30
-    state: dict[str, Any] = {}
     while time.monotonic() < deadline and proc.poll() is None:
-        state = nodestate.read_json(Path(job_dir) / layout.STATE_FILE) or {}
-        if state.get("pid") == proc.pid and state.get("addr"):
-            return {"pid": proc.pid, "addr": state["addr"], "mode": state.get("mode"), "state": "running"}
+        state = nodestate.node_state(job_dir)
+        if state is not None and state.pid == proc.pid and state.addr:
+            return {"pid": proc.pid, "addr": state.addr, "mode": state.mode.value, "state": "running"}
         time.sleep(0.05)
     tail = "; ".join(nodestate.log_tail(job_dir, 5))
     raise SystemExit(f"error: the supervisor did not start (exit status {proc.poll()}): {tail}")
@@ -63,11 +63,11 @@ def wait(job_dir: str, seconds: float, since: str) -> dict[str, Any]:
 
 
 def stop(job_dir: str, grace: float, by: str, reason: str) -> dict[str, Any]:
-    state = nodestate.read_json(Path(job_dir) / layout.STATE_FILE)
+    state = nodestate.node_state(job_dir)
     if not nodestate.supervisor_alive(job_dir, state) and not procs.job_processes(job_dir):
         return {"changed": False, **nodestate.status(job_dir)}
-    pid = (state or {}).get("pid")
-    if isinstance(pid, int) and procs.belongs(pid, job_dir):
+    if state is not None and procs.belongs(state.pid, job_dir):
+        pid = state.pid
         nodestate.request_stop(job_dir, pid, by, reason)
         procs.signal_all([pid], signal.SIGTERM)  # the supervisor tells its trainer to checkpoint and stop, then ends
         deadline = time.monotonic() + grace + 10
@@ -75,6 +75,14 @@ def stop(job_dir: str, grace: float, by: str, reason: str) -> dict[str, Any]:
             time.sleep(0.2)
     left = procs.end(job_dir, 2.0)  # whatever is left of the job here (a supervisor that did not end in time)
     return {"changed": True, "left": left, **nodestate.status(job_dir)}
+
+
+def planned_grace(job_dir: str) -> float:
+    """The plan's stop grace; a plan this runtime cannot read gives its trainers none (they are killed at once)."""
+    try:
+        return NodePlan.read(str(Path(job_dir) / layout.PLAN_FILE)).watch.stop_grace
+    except PlanError:
+        return 0.0
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -111,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.verb == "wait":
         result = wait(job_dir, args.seconds, args.since)
     else:
-        plan = nodestate.read_json(Path(job_dir) / layout.PLAN_FILE) or {}
-        grace = args.grace if args.grace is not None else float((plan.get("watch") or {}).get("stop_grace", 15))
-        result = stop(job_dir, grace, args.by, args.reason)
+        result = stop(job_dir, args.grace if args.grace is not None else planned_grace(job_dir), args.by, args.reason)
     print(json.dumps(result))
     return 0
 
