@@ -48,7 +48,6 @@ from trainer.config import (
     validate_config,
 )
 from trainer.runtime import contract, layout
-from trainer.runtime.contract import SAFE_PATH
 from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 
@@ -267,7 +266,7 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
         port=job.port,
         backend=backend,
         workers=per_node,
-        argv=(python, *SAFE_PATH, "-m", "trainer.train", "--config-file", config_file),
+        argv=(python, *layout.SAFE_PATH, "-m", "trainer.train", "--config-file", config_file),
         env=node_env(job, node, code, folder),
         paths=Paths(
             job_dir=folder, plan=posixpath.join(folder, layout.PLAN_FILE),

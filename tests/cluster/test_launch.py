@@ -326,12 +326,12 @@ def test_only_the_jobs_nodes_are_heard_and_the_follow_prints_per_change(cluster:
     assert (after - before) < 20 * 1024, f"the hub grew from {before} to {after} KiB"
     log = (node_job_dir(node0, job) / "train.log").read_text()
     # (counted anywhere in a line: a trainer's progress bar may have left its line open when the supervisor wrote)
-    refused = log.count(f"jobctl: refused a connection from {node2.ip}:")
-    assert refused == 1, (sent["said"], [line for line in log.splitlines() if "jobctl: " in line])  # logged once
-    assert "jobctl: attempt 1" not in log and "failed first" not in log  # nothing was believed
+    refused = log.count(f"supervisor: refused a connection from {node2.ip}:")
+    assert refused == 1, (sent["said"], [line for line in log.splitlines() if "supervisor: " in line])  # logged once
+    assert "supervisor: attempt 1" not in log and "failed first" not in log  # nothing was believed
     assert sent["line_mib_taken"] < 100  # the hub hung up on the long line long before its end
     member_log = (node_job_dir(node1, job) / "train.log").read_text()
-    assert member_log.count(f"jobctl: refused a connection from {node2.ip}") == 1  # a member's listener too
+    assert member_log.count(f"supervisor: refused a connection from {node2.ip}") == 1  # a member's listener too
     records = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if "epoch" in r][-1] == epochs
     # The config's LOG keys decide what is collected and where the checkpoints are.
@@ -378,7 +378,7 @@ def test_a_launch_prints_what_matters_in_at_most_150_lines(cluster: LocalCluster
     assert f"{job}: running: epoch 8/8 done" in out and f"Job {job} finished; last epoch:" in out
     assert "skipping: [" not in proc.stdout and "included: " not in proc.stdout
     # The hub's supervisor left as soon as every member had the end, not a heartbeat timeout (60 s) later.
-    ended = re.search(r"^jobctl: the job finished: .* at (\S+ \S+)$",
+    ended = re.search(r"^supervisor: the job finished: .* at (\S+ \S+)$",
                       (node_job_dir(cluster.nodes[0], job) / "train.log").read_text(), re.M)
     assert ended is not None
     left = node_state(cluster.nodes[0], job)["updated"] - time.mktime(time.strptime(ended[1], "%Y-%m-%d %H:%M:%S"))
@@ -428,7 +428,7 @@ def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster:
     assert f"Job {job} finished; last epoch:" in flat(again.stdout)
     for node in cluster.nodes:  # one run, started once, never stopped
         log = (node_job_dir(node, job) / "train.log").read_text()
-        assert log.count("jobctl: supervising ") == 1 and "stopping the trainer" not in log
+        assert log.count("supervisor: supervising ") == 1 and "stopping the trainer" not in log
 
     # stop-training.yml on a running job: every node's processes end, and the nodes say so; the status says why.
     job = f"{cluster.name}-stop"

@@ -154,3 +154,49 @@ def test_a_hub_that_took_over_counts_the_old_hub_lost_learns_the_job_and_waits_a
     assert j.record.rendezvous.startswith("tcp://10.9.0.11:") and j.record.restarts == 3
     j.hub.adopt(dataclasses.replace(newer, version=newer.version + 50))  # after acting, a hub adopts nothing
     assert j.record.attempt == 1
+
+
+def test_the_hub_lets_a_failures_cause_arrive_before_it_names_one() -> None:
+    """The killed node's exit reaches the hub a moment after its peer's (the peer's collective broke first): the hub
+    waits the settling time, then names the kill, not the consequence."""
+    j = Job(plan())
+    j.tick(3, "n0", "n1")
+    j.exit("n0", 1)  # "connection closed by peer"
+    j.report("n0")
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "running"  # not named yet
+    j.now += j.hub.timings.settle / 2
+    j.exit("n1", -9)  # its supervisor saw the kill first, but its report arrives second
+    j.trainers["n1"] = dataclasses.replace(j.trainers["n1"], ended=j.wall - 1)
+    j.report("n1")
+    j.now += j.hub.timings.settle / 2
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "stopping" and j.record.first_failure is not None
+    assert (j.record.first_failure.node, j.record.first_failure.kind) == ("n1", "killed")
+
+
+def test_a_member_whose_trainer_does_not_stop_is_lost_after_the_confirm_time() -> None:
+    """Heard, but its trainer still running after the stop grace and the confirm time: the node is lost (its trainer
+    may hold the attempt's rendezvous), and a spare takes its rank."""
+    j = Job(plan(nodes=2, spares=1))
+    j.tick(3, "n0", "n1", "n2")
+    j.exit("n0", -9)
+    stuck = j.trainers["n1"]
+    for _ in range(int(j.hub.timings.settle + j.hub.timings.confirm_stop) + 3):
+        j.report("n0", "n2")
+        j.hub.heard("n1", report("n1", stuck), j.now)  # it answers, and its trainer still runs attempt 0
+        j.now, j.wall = j.now + 1, j.wall + 1
+        j.hub.tick(j.now, j.wall)
+    assert j.record.lost.get("n1") == "it did not confirm that its trainer stopped", j.record.lost
+    assert j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n2": 1}
+
+
+def test_a_lost_member_heard_again_with_its_trainer_stopped_is_welcomed_back() -> None:
+    j = Job(plan())  # no spare: the hub waits for the lost node
+    j.tick(3, "n0", "n1")
+    j.tick(HT + 5, "n0")
+    assert j.record.phase == "waiting" and "n1" in j.record.lost
+    j.trainers["n1"] = dataclasses.replace(j.trainers["n1"], state=TrainerState.EXITED, rc=-9)
+    j.tick(3, "n0", "n1")
+    assert j.record.lost == {} and j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n1": 1}
+    assert "n1 answered again" in j.log

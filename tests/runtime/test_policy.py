@@ -77,3 +77,11 @@ def test_a_lost_node_is_replaced_and_rank_0_moves_to_the_node_with_the_second_co
     assert "no spare: waiting up to 300 s for it to come back" in waiting.reason
     over = choose(lost, lost={"node0": "it stopped answering the hub"}, waited=True)
     assert over.action == "end" and "did not come back within 300 s" in over.reason
+
+
+def test_the_same_node_failing_with_another_status_is_given_another_try() -> None:
+    """"The same way" is the same kind and the same exit status: a crash (1) after another crash (3) is not a loop."""
+    crashed = Failure("node1", *exit_failure(3), at=1.0, rc=3)
+    again = Failure("node1", *exit_failure(1), at=2.0, rc=1)
+    assert choose(again, previous=crashed, used=1).action == "restart"
+    assert choose(again, previous=again, used=1).action == "end"

@@ -2,7 +2,7 @@
 
 | module | its one job |
 |---|---|
-| contract | what the trainer, the runtime and the launcher share: environment names, exit statuses, run files, defaults |
+| contract | what the trainer, the runtime and the launcher share: environment, exit statuses, run files, defaults |
 | layout | where a job's files are on a node, and the entry point that finds a job's runtime there |
 | plan | the node plan: what one node runs, with which environment, who the other members are, every path |
 | timing | every interval of the watch, derived from the heartbeat timeout, and the orderings the no-split rule needs |

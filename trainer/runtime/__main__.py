@@ -9,6 +9,8 @@
     stop JOB_DIR [--grace S] [--by WHO] [--reason WHY]
                                    stop the job here: the trainer checkpoints at a common step, SIGKILL after the
                                    plan's stop grace (or S seconds); idempotent
+    keep-secret JOB_DIR            the launch's key for the job's watch, read from stdin, into the job folder's secret
+                                   file: created readable by its owner alone (0600), never in another mode for a moment
     supervise JOB_DIR [--hub ADDR] (what start runs)
 
 Every verb but supervise prints one JSON object. The launcher reaches them through trainer.runtime.layout's entry
@@ -27,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, procs, report
-from trainer.runtime.contract import JOB_DIR_ENV, SAFE_PATH
+from trainer.runtime import layout, nodestate, procs, report, wire
+from trainer.runtime.contract import JOB_DIR_ENV
 from trainer.runtime.plan import NodePlan, PlanError
 
 
@@ -37,7 +39,8 @@ def start(job_dir: str, hub: str | None) -> dict[str, Any]:
     if current is not None and nodestate.supervisor_alive(job_dir, current):
         raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current.pid}); "
                          "stop it first")
-    argv = [sys.executable, *SAFE_PATH, "-m", "trainer.runtime", "supervise", job_dir, *(["--hub", hub] if hub else [])]
+    argv = [sys.executable, *layout.SAFE_PATH, "-m", "trainer.runtime", "supervise", job_dir,
+            *(["--hub", hub] if hub else [])]
     env = {**os.environ, JOB_DIR_ENV: job_dir}
     with (Path(job_dir) / layout.LOG_FILE).open("ab") as log:
         # A new session: the job outlives the SSH connection that started it.
@@ -51,6 +54,21 @@ def start(job_dir: str, hub: str | None) -> dict[str, Any]:
         time.sleep(0.05)
     tail = "; ".join(nodestate.log_tail(job_dir, 5))
     raise SystemExit(f"error: the supervisor did not start (exit status {proc.poll()}): {tail}")
+
+
+def keep_secret(job_dir: str, secret: bytes) -> dict[str, Any]:
+    """Write the watch's key: a new file made 0600 by the call that creates it, then renamed over the old one."""
+    try:
+        wire.Keyring(secret)  # refuses a key too short to be one
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    path = Path(job_dir) / layout.SECRET_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(secret + b"\n")
+    os.replace(tmp, path)
+    return {"changed": True}
 
 
 def wait(job_dir: str, seconds: float, since: str) -> dict[str, Any]:
@@ -93,6 +111,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         sub.add_argument("job_dir")
         sub.add_argument("--hub", default=None, help="where the job's hub listens (host:port); none: be the hub")
     verbs.add_parser("status").add_argument("job_dir")
+    verbs.add_parser("keep-secret").add_argument("job_dir")
     sub = verbs.add_parser("wait")
     sub.add_argument("job_dir")
     sub.add_argument("seconds", type=float)
@@ -118,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         result = nodestate.status(job_dir)
     elif args.verb == "wait":
         result = wait(job_dir, args.seconds, args.since)
+    elif args.verb == "keep-secret":
+        result = keep_secret(job_dir, sys.stdin.buffer.read().strip())
     else:
         result = stop(job_dir, args.grace if args.grace is not None else planned_grace(job_dir), args.by, args.reason)
     print(json.dumps(result))

@@ -7,8 +7,7 @@ trainer imports it without importing the runtime, the runtime without the traine
 - the files of a run directory (LOG.BASE_PATH/EXP_NAME) and which of them the launcher collects;
 - the default weights cache, the run name of ``EXP_NAME: use_time``;
 - which node keeps the second copy of the checkpoints (it becomes rank 0 when the rank-0 node is replaced);
-- how many threads a CPU worker gets when nobody says;
-- how a job's Python processes start (``-P``: the working directory is not on sys.path).
+- how many threads a CPU worker gets when nobody says.
 
 Where a job's files are on a node is trainer.runtime.layout's answer (that file runs alone on the nodes).
 """
@@ -18,10 +17,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-
-# -- how a job's Python processes start: never with the working directory (a login's home) first on sys.path, where
-# a stray ~/trainer/ would run instead of the job's code version
-SAFE_PATH = ("-P",)
 
 # -- the environment of a job's processes (set by the node's supervisor: trainer.runtime.node) --------------------
 JOB_DIR_ENV = "VIDCLUSTER_JOB_DIR"  # every process of a job: its folder on the node (trainer.runtime.procs)

@@ -22,7 +22,7 @@ The trainer writes the run directory (the config's LOG.BASE_PATH/EXP_NAME; its f
 trainer.runtime.contract) and the checkpoints (LOG.SAVE_DIR). The trainer code lives in
 ``code_dir(code_root, version)``/trainer, one folder per version.
 
-On a node, the launcher runs ``python3 -c "<this file>" VERB --jobs-dir DIR --job JOB --node NODE [ARGS...]``: this
+On a node, the launcher runs ``python3 -I -c "<this file>" VERB --jobs-dir DIR --job JOB --node NODE [ARGS...]``: this
 finds the job's folder, reads its plan, and runs ``python -m trainer.runtime VERB JOB_DIR ARGS...`` with the plan's
 Python and the job's own code version. Without ``--job`` the verb runs for every job of the node (one JSON line
 each); a job without a plan here prints ``{"state": "none"}``.
@@ -49,6 +49,9 @@ CODE_ARCHIVE = "trainer-code.tar.gz"  # a code version on its way to the node (u
 
 DEFAULT_JOBS_DIR = "~/vidcluster/jobs"
 DEFAULT_CODE_ROOT = "~/vidcluster/code"
+# How every Python process of a job starts (the runtime's verbs, its supervisor, the trainer): never with the working
+# directory (an SSH login's home) first on sys.path, where a stray ~/trainer/ would run instead of the job's code.
+SAFE_PATH = ("-P",)
 # A job id names folders on every node: no separators, no leading dot, nothing a shell or a path would read.
 JOB_ID_CHARS = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
 
@@ -107,7 +110,7 @@ def _run(verb: str, folder: str, rest: list[str], replace: bool) -> int:
     if plan is None:
         print(json.dumps({"job_dir": folder, "state": "none"}), flush=True)
         return 0
-    argv = [plan["paths"]["env_python"], "-m", "trainer.runtime", verb, folder, *rest]
+    argv = [plan["paths"]["env_python"], *SAFE_PATH, "-m", "trainer.runtime", verb, folder, *rest]
     env = {**os.environ, "PYTHONPATH": plan["paths"]["code_dir"]}
     if replace:
         os.execve(argv[0], argv, env)

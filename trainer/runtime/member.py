@@ -113,22 +113,26 @@ class Member:
 
     # -- looking for the next hub ----------------------------------------------------------------------------------
 
-    async def search(self, lost_hub: str, term: int, started: float) -> Found:
-        """Find the hub of ``term`` or a later one, or be it; give up ``search_give_up`` after ``started``."""
+    async def search(self, lost_hub: str, lost_addr: str | None, term: int, started: float) -> Found:
+        """Find the hub of ``term`` or a later one, or be it, unless the lost hub (at ``lost_addr``) answers again;
+        give up ``search_give_up`` after ``started``."""
+        answer = await self.ask(lost_addr, term - 1)
+        step = succession.back_to_lost_hub(self.me, self.order, term, lost_addr, answer)
         while not self.local.is_done() and not self.local.is_hub():
-            step = succession.first_step(self.me, self.order, term)
             if step.move == Move.BECOME_HUB:
                 return Found(Outcome.BECOME_HUB, term)
-            asked = self.local.directory().get(succession.candidate(self.order, term))
-            step = succession.after_answer(term, asked, await self.ask(asked, term), lost_hub)
-            if step.move == Move.ASK_HUB and isinstance(await self.ask(step.addr, term), RecordReply):
-                step = succession.Step(Move.FOLLOW, term, step.addr)
+            if step.move == Move.ASK:
+                asked = self.local.directory().get(succession.candidate(self.order, term))
+                step = succession.after_answer(term, asked, await self.ask(asked, term), lost_hub)
+                if step.move == Move.ASK_HUB and isinstance(await self.ask(step.addr, term), RecordReply):
+                    step = succession.Step(Move.FOLLOW, term, step.addr)
             if step.move == Move.FOLLOW and step.addr:
-                return Found(Outcome.FOLLOW, term, step.addr)
+                return Found(Outcome.FOLLOW, step.term, step.addr)
             term = step.term
             if time.monotonic() - started > self.timings.search_give_up:
                 break
             await asyncio.sleep(self.timings.search_pause)
+            step = succession.first_step(self.me, self.order, term)
         return Found(Outcome.GAVE_UP, term)
 
     async def ask(self, addr: str | None, term: int) -> Reply | None:

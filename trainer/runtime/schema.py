@@ -51,8 +51,6 @@ def parse(cls: type[T], data: Any, where: str, error: type[SchemaError] = Schema
         return typing.cast(T, _value(cls, data, where))
     except SchemaError as exc:
         raise error(str(exc)) from None
-    except RecursionError:  # a value nested deeper than any schema: not worth a traceback
-        raise error(f"{where}: nested too deeply") from None
 
 
 def _value(kind: Any, value: Any, where: str) -> Any:

@@ -2,8 +2,9 @@
 (trainer.runtime.member) and listener (trainer.runtime.listener).
 
 Hubs succeed each other in member order (the trainers by node rank, then the spares), by term: the hub of term ``t``
-is member ``t mod M``. A member that has lost its hub looks for the hub of the next term: it asks that term's
-candidate (a join naming the term). The candidate
+is member ``t mod M``. A member that has lost its hub first asks that hub once more: one that answers with the record is
+followed again (the member was the one cut off, or stalled; ``back_to_lost_hub``). Otherwise it looks for the hub of
+the next term: it asks that term's candidate (a join naming the term). The candidate
 
 - becomes the hub, when it is looking for a hub itself and the term is not older than its own (``takes_over``);
 - answers with the job's record, when it is the hub already: the member follows it;
@@ -47,6 +48,14 @@ class Step:
     move: Move
     term: int
     addr: str | None = None
+
+
+def back_to_lost_hub(me: str, order: Sequence[str], term: int, lost_addr: str | None, answer: Reply | None) -> Step:
+    """After asking the lost hub (at ``lost_addr``) once more: follow it if it answered as the hub, else look for the
+    hub of ``term``."""
+    if isinstance(answer, RecordReply):
+        return Step(Move.FOLLOW, term - 1, lost_addr)
+    return first_step(me, order, term)
 
 
 def first_step(me: str, order: Sequence[str], term: int) -> Step:

@@ -249,7 +249,7 @@ class Supervisor:
                 self.node.stop(f"lost contact with the job's hub ({hub})", signal.SIGTERM)
                 self.mode, self.lost_hub, self.search_started = Mode.SEARCHING, hub, time.monotonic()
                 continue
-            found = await self.member.search(self.lost_hub, self.term + 1, self.search_started)
+            found = await self.member.search(self.lost_hub, self.hub_addr, self.term + 1, self.search_started)
             if self.done.is_set() or self.host is not None:
                 return
             if found.outcome == Outcome.BECOME_HUB:

@@ -51,7 +51,7 @@ class ActionModule(ActionBase):
         recheck = float(a.get("recheck_seconds", 120))
         deadline = time.monotonic() + float(a.get("hours", 72)) * 3600
         silent_since = float(a["silent_since"]) if a.get("silent_since") else None
-        argv = [str(a["python"]), "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
+        argv = [str(a["python"]), "-I", "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
                 "--node", node]
         key, line, said_silent, ending = "", "", False, 0.0
         result.update(changed=False, hub=node)
