@@ -45,6 +45,7 @@ from tests.cluster.conftest import (
     playbook_env,
     stage_dataset,
 )
+from trainer.runtime.record import JobRecord
 
 CONFIG = "i3d_cpu_test"  # reads ~/data/vidcluster-test on every node
 # One home for all nodes, like NFS; sshd on port 2222, so known_hosts, the SSH check and the launch use [host]:2222.
@@ -405,7 +406,7 @@ def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(c
     assert "nothing was stopped" in flat(out) and f"training-status.yml -e job_id={job} -e follow=true" in flat(out)
     for node in cluster.nodes:  # it trained to the end; nothing was ever stopped
         state = node_state(node, job)
-        assert state["end"]["state"] == "finished" and state["record"]["restarts"] == 0, state["end"]
+        assert state["end"]["state"] == "finished" and JobRecord.read(state["record"]).restarts == 0, state["end"]
 
     # A later launch of the same job reports it finished and collects its results; nothing runs again.
     again = launch(cluster, *args)
@@ -416,6 +417,14 @@ def test_controller_losing_the_hub_stops_nothing_and_a_later_launch_reports_it(c
             ][-1] == 60
 
 
+def task_results(stdout: str, task: str) -> list[str]:
+    """The per-host result lines Ansible's default output printed under a task's banner, sorted."""
+    banner = f"TASK [{task}]"
+    assert banner in stdout, f"no task {task!r} in the output"
+    block = stdout.split(banner, 1)[1].split("\nTASK [", 1)[0].split("\nPLAY RECAP", 1)[0]
+    return sorted(line for line in block.splitlines() if re.match(r"^(ok|changed|skipping|failed|fatal): ", line))
+
+
 def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster: LocalCluster) -> None:
     job = f"{cluster.name}-attach"
     args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(30))
@@ -423,8 +432,9 @@ def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster:
     wait_for_epoch(cluster, job, 1)
     again = launch(cluster, *args)
     assert f"Job {job} is running (its hub on node0): following it instead of starting it again" in flat(again.stdout)
-    assert "Start the supervisor of the job's hub" not in again.stdout.split("Follow the job from its hub")[0] or (
-        "skipping" in again.stdout)
+    for task in ("Start the supervisor of the job's hub (the rank-0 node) first",
+                 "Start every other member's supervisor, reporting to the hub"):  # neither ran on any node
+        assert task_results(again.stdout, f"ddp_launch : {task}") == [f"skipping: [{n}]" for n in cluster.names]
     assert f"Job {job} finished; last epoch:" in flat(again.stdout)
     for node in cluster.nodes:  # one run, started once, never stopped
         log = (node_job_dir(node, job) / "train.log").read_text()

@@ -14,6 +14,7 @@ from pathlib import Path
 from tests.runtime.loopback import NET, OUTSIDE, SECRET, Job, loopback, wait_until
 from tests.runtime.test_records import report
 from trainer.runtime import layout, schema, wire
+from trainer.runtime.listener import PER_ADDRESS
 from trainer.runtime.record import EndState, Phase
 
 __all__ = ["loopback"]
@@ -174,3 +175,23 @@ def test_a_line_longer_than_the_jobs_limit_is_refused_by_the_real_listener(loopb
     assert asyncio.run(as_key_holder(job.hub_addr, f"{NET}.12", padded(limit + 1))) == ""
     assert f"a line longer than {limit} bytes" in job.log("n0")
     trains_on(job)
+
+
+def test_a_members_address_holds_at_most_8_connections_and_crowds_out_no_other_member(
+        loopback: Callable[..., Job]) -> None:
+    """Another user of a member's machine can hold that member's few connections (its hellos time out), never more,
+    and never another member's."""
+    job = loopback(2, spares=1, steps=10_000)
+    job.start("n0")
+    job.start("n1")
+    wait_until(lambda: job.step("n0") >= 5, 60, "rank 0 at step 5", job.logs)
+    spare = f"{NET}.12"
+    held = [socket.create_connection(job.hub_addr.rsplit(":", 1), 5, (spare, 0)) for _ in range(PER_ADDRESS + 1)]
+    try:
+        hellos = [hello(sock) for sock in held]
+        assert [h.startswith(b'{"hello"') for h in hellos] == [True] * PER_ADDRESS + [False]
+        assert job.log("n0").count(f"refused a connection from {spare}: more than {PER_ADDRESS} connections") == 1
+        trains_on(job)  # n1, at its own address, is heard all along
+    finally:
+        for sock in held:
+            sock.close()
