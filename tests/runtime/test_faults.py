@@ -8,12 +8,15 @@ told it ($VIDCLUSTER_ATTEMPT), the step it resumed from and the copy it read."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.runtime.loopback import WATCH, Job, loopback, wait_until
+from trainer.runtime import layout
 from trainer.runtime.record import EndState, Kind
 
 __all__ = ["loopback"]
@@ -55,6 +58,10 @@ def test_a_killed_trainer_is_restarted_on_the_same_nodes_from_the_newest_checkpo
         "resumed_step"]
     assert -CKPT < attempt["steps_lost"] <= 2 * CKPT  # what was trained since the checkpoint, and no more
     assert job.step("n0") == attempt["resumed_step"] + 10 and trainer not in job.processes("n1")
+    # n1's supervisor reported over one connection all along, through both attempts: each side of a link counts its
+    # messages (a side that did not would break the link at its second message, and every report would reconnect).
+    watch = json.loads((Path(job.folders["n0"]) / layout.WATCH_FILE).read_text())
+    assert watch["members"]["n1"]["links"] == 1, watch["members"]
 
 
 def test_a_frozen_trainer_is_caught_by_its_heartbeat_and_killed(loopback: Callable[..., Job]) -> None:

@@ -88,7 +88,9 @@ def test_a_code_folder_others_may_write_is_refused_naming_it(tmp_path: Path, whe
 
 def test_the_runtime_runs_the_jobs_code_version_never_a_stray_trainer_in_the_login_folder(tmp_path: Path) -> None:
     """The launcher runs the entry point (layout.py) in the SSH login's folder, the node user's home, with -I; the
-    entry point runs the job's runtime with -P. A ~/trainer/ there (an old checkout) is never imported."""
+    entry point runs the job's runtime with -P (a ~/trainer/ there, an old checkout, is never imported) and -S (a
+    sitecustomize.py planted in the code version's folder, its PYTHONPATH, does not run before the launcher checked
+    that folder)."""
     home = tmp_path / "home"
     stray = home / "trainer" / "runtime"
     stray.mkdir(parents=True)
@@ -96,8 +98,12 @@ def test_the_runtime_runs_the_jobs_code_version_never_a_stray_trainer_in_the_log
         (package / "__init__.py").write_text(f"open({str(home / 'stray-ran')!r}, 'w').write({str(package)!r})\n")
     (stray / "__main__.py").write_text("raise SystemExit(3)\n")
     (home / "json.py").write_text(f"open({str(home / 'stray-ran')!r}, 'w').write('json')\n")
+    code = tmp_path / "code" / "v1"
+    code.mkdir(parents=True)
+    (code / "trainer").symlink_to(REPO / "trainer")
+    (code / "sitecustomize.py").write_text(f"open({str(home / 'stray-ran')!r}, 'w').write('sitecustomize')\n")
     planned = plans(job([str(home)], net="127.0.0"))["n0"]
-    paths = dataclasses.replace(planned.paths, env_python=sys.executable, code_dir=str(REPO))
+    paths = dataclasses.replace(planned.paths, env_python=sys.executable, code_dir=str(code))
     plan = dataclasses.replace(planned, paths=paths, argv=(sys.executable, "-P", "-c", "pass"))
     folder = Path(plan.paths.job_dir)
     folder.mkdir(parents=True)

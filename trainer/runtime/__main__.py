@@ -39,7 +39,7 @@ def start(job_dir: str, hub: str | None) -> dict[str, Any]:
     if current is not None and nodestate.supervisor_alive(job_dir, current):
         raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current.pid}); "
                          "stop it first")
-    argv = [sys.executable, *layout.SAFE_PATH, "-m", "trainer.runtime", "supervise", job_dir,
+    argv = [sys.executable, *layout.RUNTIME_FLAGS, "-m", "trainer.runtime", "supervise", job_dir,
             *(["--hub", hub] if hub else [])]
     env = {**os.environ, JOB_DIR_ENV: job_dir}
     with (Path(job_dir) / layout.LOG_FILE).open("ab") as log:

@@ -52,6 +52,9 @@ DEFAULT_CODE_ROOT = "~/vidcluster/code"
 # How every Python process of a job starts (the runtime's verbs, its supervisor, the trainer): never with the working
 # directory (an SSH login's home) first on sys.path, where a stray ~/trainer/ would run instead of the job's code.
 SAFE_PATH = ("-P",)
+# The runtime (standard library only) also without site: no sitecustomize.py, no .pth file runs in its verbs, which
+# run before the launcher has checked the node's copy of the code (its folder is their PYTHONPATH).
+RUNTIME_FLAGS = (*SAFE_PATH, "-S")
 # A job id names folders on every node: no separators, no leading dot, nothing a shell or a path would read.
 JOB_ID_CHARS = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
 
@@ -110,7 +113,7 @@ def _run(verb: str, folder: str, rest: list[str], replace: bool) -> int:
     if plan is None:
         print(json.dumps({"job_dir": folder, "state": "none"}), flush=True)
         return 0
-    argv = [plan["paths"]["env_python"], *SAFE_PATH, "-m", "trainer.runtime", verb, folder, *rest]
+    argv = [plan["paths"]["env_python"], *RUNTIME_FLAGS, "-m", "trainer.runtime", verb, folder, *rest]
     env = {**os.environ, "PYTHONPATH": plan["paths"]["code_dir"]}
     if replace:
         os.execve(argv[0], argv, env)
