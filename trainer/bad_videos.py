@@ -5,7 +5,8 @@ record, of which every rank holds the same copy. The record is kept
 
 - in every checkpoint (``bad_videos``), so a resumed run knows them; a mid-epoch checkpoint adds what every rank had
   found so far in its epoch (its EpochProgress);
-- in the run directory, ``bad_videos.json``, by every process that writes metrics.jsonl;
+- in the run directory, ``bad_videos.json`` (trainer.runtime.contract.BAD_VIDEOS_FILE: the launcher collects it),
+  by every process that writes metrics.jsonl;
 - by the datasets: a video whose decoding ran out of time is not decoded again (VideoClipDataset.skip_timed_out),
   so a hung file costs the time limit once, not once per epoch or view;
 
@@ -19,8 +20,6 @@ from collections.abc import Iterable
 from typing import Any
 
 log = logging.getLogger("trainer")
-
-BAD_VIDEOS_FILE = "bad_videos.json"
 
 
 class BadVideos:

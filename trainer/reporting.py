@@ -31,10 +31,16 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-from trainer.bad_videos import BAD_VIDEOS_FILE
 from trainer.distributed import DistContext
 from trainer.errors import UserError
-from trainer.runtime.contract import ATTEMPT_ENV, ATTEMPT_FIELDS, CURVES_FILE, METRICS_FILE, STATUS_FILE
+from trainer.runtime.contract import (
+    ATTEMPT_ENV,
+    ATTEMPT_FIELDS,
+    BAD_VIDEOS_FILE,
+    CURVES_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+)
 
 log = logging.getLogger("trainer")
 T = TypeVar("T")
