@@ -33,13 +33,13 @@ import getpass
 import ipaddress
 import re
 import socket
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: the launcher asks the trainer
-from trainer.runtime.layout import JOB_ID_CHARS, valid_job_id
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
+
+layout = trainer_module("runtime.layout")
+JOB_ID_CHARS, valid_job_id = layout.JOB_ID_CHARS, layout.valid_job_id
 
 
 def _is_int(value: Any) -> bool:
