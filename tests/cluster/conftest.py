@@ -231,7 +231,8 @@ def node_job_dir(node: Node, job_id: str) -> Path:
 
 @pytest.fixture(scope="session")
 def private_cluster(local_cluster: Callable[..., LocalCluster]) -> tuple[LocalCluster, str]:
-    """3 nodes with private homes after one whole setup-cluster.yml run, and that run's output. Shared by the SSH mesh
-    tests and the private-home launch tests, which put back whatever they break."""
-    cluster = local_cluster(3)
+    """3 nodes with private homes after one whole setup-cluster.yml run, and that run's output; the login user may use
+    sudo on the nodes (the host firewall's tests). Shared by the SSH mesh tests, the private-home launch tests, the
+    stage-data tests and the firewall tests, which put back whatever they break."""
+    cluster = local_cluster(3, "-e", "sudo=true")
     return cluster, cluster.playbook("setup-cluster.yml").stdout
