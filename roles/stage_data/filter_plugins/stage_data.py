@@ -147,7 +147,7 @@ def stage_data_plan_text(plan: Mapping[str, Any], dest: str, source: Mapping[str
 def stage_data_unfit(states: Mapping[str, Mapping[str, Any]], sources: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Why nodes cannot take part, each naming its node: a copy that could not be prepared, rsync that does not run
     on a node holding a copy or the source folder, too little free space for what a copy lacks. ``states``:
-    stage_node.py prepare's output per node (or {error}); ``sources``: stage_node.py source's output of the source
+    stage_data_node prepare's result per node (or {error}); ``sources``: stage_data_node source's result of the source
     node, if any."""
     problems = [f"{node}: {state['error']}" for node, state in states.items() if "error" in state]
     no_rsync = {node: str(out["rsync"]) for node, out in [*states.items(), *sources.items()] if out.get("rsync")}
