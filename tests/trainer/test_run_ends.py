@@ -146,6 +146,7 @@ def test_torchrun_restarts_after_a_killed_worker_resume_and_finish_every_time(
     # every one resumes from its checkpoint and ends with the uninterrupted run's weights, within the time limit (a
     # restart that waited on its peers would run into it).
     def torchrun(folder: Path) -> subprocess.Popen[str]:
+        folder.mkdir()
         cfg = write_config(folder / "cfg.yaml", synthetic_dataset, folder / "run", workers=2,
                            TRAIN={"EPOCH_NUM": 8, "CHECKPOINT_MINUTES": 0},
                            DATA={"NUM_WORKERS": LOADER_WORKERS, "PREFETCH_FACTOR": 2})

@@ -50,7 +50,7 @@ class ActionModule(ActionBase):
         recheck = float(a.get("recheck_seconds", 120))
         hours = float(a.get("hours", 72))
         silent_since = float(a["silent_since"]) if a.get("silent_since") else None
-        argv = [str(a["python"]), "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
+        argv = [str(a["python"]), "-I", "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
                 "--node", node, str(poll), "--since"]
         heard = {"key": "", "said_silent": False, "ending": 0.0}
 
@@ -61,15 +61,14 @@ class ActionModule(ActionBase):
             return status
 
         def ended(status: dict[str, Any]) -> dict[str, Any] | None:
-            record = status.get("record") or {}
-            end = record.get("end") if status.get("mode") == "hub" or status["state"] != "running" else None
+            end = report.job_end(status) if status.get("mode") == "hub" or status["state"] != "running" else None
             if end:  # the hub stays until every member has heard the end, then its supervisor exits
                 heard["ending"] = heard["ending"] or time.monotonic()
                 if status["state"] != "running" or time.monotonic() - float(heard["ending"]) > recheck:
-                    return {"outcome": end["state"], "status": status}
+                    return {"outcome": end.state.value, "status": status}
                 return None
             if status["state"] == "running" and status.get("mode") != "hub":
-                return {"next": "moved", "hub": record.get("hub") or node, "status": status}
+                return {"next": "moved", "hub": report.hub_of(status) or node, "status": status}
             if status["state"] != "running":  # its supervisor is gone without an end: the hub may be elsewhere
                 return {"next": "silent", "silent_since": time.time(), "status": status}
             return None
