@@ -205,6 +205,7 @@ def test_pretrained_weights_are_fetched_once_on_the_controller_and_loaded_on_eve
     monkeypatch.setenv("VIDCLUSTER_WEIGHTS_CACHE", str(tmp_path / "controller-cache"))
     with weights_mirror(tmp_path / "mirror") as (url, requested):
         monkeypatch.setenv("VIDCLUSTER_WEIGHTS_URL", url)
+        monkeypatch.setenv("VIDCLUSTER_WEIGHTS_ALLOW_HTTP", "1")  # a plain http mirror, asked for
         # A checksum that does not match: refused on the controller, before anything starts.
         monkeypatch.setenv("VIDCLUSTER_WEIGHTS_TABLE", str(table("0" * 64)))
         proc = launch(cluster, *args, check=False)

@@ -33,6 +33,7 @@ ATTEMPT_FIELDS: Mapping[str, tuple[type, ...]] = {
 # -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
 WEIGHTS_CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
 WEIGHTS_URL_ENV = "VIDCLUSTER_WEIGHTS_URL"
+WEIGHTS_ALLOW_HTTP_ENV = "VIDCLUSTER_WEIGHTS_ALLOW_HTTP"  # "1": a plain http mirror is asked for
 WEIGHTS_TABLE_ENV = "VIDCLUSTER_WEIGHTS_TABLE"
 WEIGHTS_CACHE = "~/.cache/vidcluster/weights"  # without $VIDCLUSTER_WEIGHTS_CACHE; "~": the node's home
 
