@@ -27,10 +27,11 @@ from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
 from tests.trainer.test_train import free_port
 from trainer.accel import amp_dtype, autocast, ddp_module, prepare_model, wrap_ddp
 from trainer.config import validate_config
-from trainer.data.decoders import NATIVE, BadVideo, decode_device, open_reader, read_frames, torchcodec_cuda_build
+from trainer.data.decoders import NATIVE, BadVideo, decode_device, open_reader, read_frames
 from trainer.data.loader import stack_clips
 from trainer.data.transforms import ClipNormalizer, Crop, make_crop, normalize
 from trainer.distributed import single_process_context
+from trainer.hardware import compile_problem, cuda_build, torchcodec_version
 from trainer.models import build_model
 
 EXIT_SKIP = 77
@@ -214,10 +215,9 @@ def check_cuda_decoding(video: str) -> dict[str, Any]:
     from trainer.data.decoders import torchcodec_problem
 
     problem = torchcodec_problem()
-    if problem is None and not torchcodec_cuda_build():
-        import torchcodec
-
-        problem = f"torchcodec {torchcodec.__version__} is a CPU-only build"
+    version = torchcodec_version()
+    if problem is None and not cuda_build(version):
+        problem = f"torchcodec {version} is a CPU-only build"
     if problem is not None:
         raise CannotCheck(f"CUDA decoding: {problem}")
     warnings: list[str] = []
@@ -257,28 +257,36 @@ def forward_backward(model: nn.Module, clip: torch.Tensor) -> dict[str, Any]:
     return {"out": out.detach(), "gradients": grads}
 
 
-def check_channels_last_and_compile() -> dict[str, Any]:
-    """The trainer's TRAIN.CHANNELS_LAST and TRAIN.COMPILE on the GPU: outputs and gradients of a training step of a
-    tiny SlowFast as without them (cuDNN and Triton pick other kernels: within float32's, and TF32's, rounding)."""
+def check_training_step_unchanged_by(key: str) -> dict[str, Any]:
+    """The trainer's TRAIN.CHANNELS_LAST or TRAIN.COMPILE on the GPU: outputs and gradients of a training step of a
+    tiny SlowFast as without it (cuDNN and Triton pick other kernels: within float32's, and TF32's, rounding)."""
     torch.manual_seed(0)
     plain = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)  # train mode: batch statistics
     clip = next(clips(1, frames=16))[0]
     expected = forward_backward(plain, clip)
-    figures = {}
-    for key in ("CHANNELS_LAST", "COMPILE"):
-        cfg = validate_config({"DDP_CONFIG": {"DISTRIBUTED": False}, "CONFIG": {"TRAIN": {key: True}}})
-        model = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)
-        model.load_state_dict(plain.state_dict())
-        fast = wrap_ddp(prepare_model(model, cfg), single_process_context(cfg), cfg)
-        if key == "CHANNELS_LAST":
-            assert next(p for p in fast.parameters() if p.dim() == 5).is_contiguous(
-                memory_format=torch.channels_last_3d)
-        got = forward_backward(fast, clip.contiguous(memory_format=torch.channels_last_3d) if key == "CHANNELS_LAST"
-                               else clip)
-        errors = {part: relative_error(got[part], expected[part]) for part in ("out", "gradients")}
-        figures[key.lower()] = errors
-        assert max(errors.values()) < 1e-2, f"{key} against neither: {errors}"
-    return figures
+    cfg = validate_config({"DDP_CONFIG": {"DISTRIBUTED": False}, "CONFIG": {"TRAIN": {key: True}}})
+    model = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)
+    model.load_state_dict(plain.state_dict())
+    fast = wrap_ddp(prepare_model(model, cfg), single_process_context(cfg), cfg)
+    if key == "CHANNELS_LAST":
+        assert next(p for p in fast.parameters() if p.dim() == 5).is_contiguous(memory_format=torch.channels_last_3d)
+        clip = clip.contiguous(memory_format=torch.channels_last_3d)
+    got = forward_backward(fast, clip)
+    errors = {part: relative_error(got[part], expected[part]) for part in ("out", "gradients")}
+    assert max(errors.values()) < 1e-2, f"{key} against neither: {errors}"
+    return {key.lower(): errors}
+
+
+def check_channels_last() -> dict[str, Any]:
+    return check_training_step_unchanged_by("CHANNELS_LAST")
+
+
+def check_compile() -> dict[str, Any]:
+    """torch.compile needs a C compiler and Python.h (trainer.hardware): without them, not checked, saying which."""
+    problem = compile_problem("cuda")
+    if problem is not None:
+        raise CannotCheck(f"compile: not checked, {problem.split(': ', 1)[1]}")
+    return check_training_step_unchanged_by("COMPILE")
 
 
 CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -286,7 +294,8 @@ CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
     "sync_bn": check_sync_bn,
     "gpu_crops": check_gpu_crops,
     "cuda_decoding": check_cuda_decoding,
-    "channels_last_and_compile": check_channels_last_and_compile,
+    "channels_last": check_channels_last,
+    "compile": check_compile,
 }
 
 

@@ -127,7 +127,11 @@ def test_decoder_device_cuda_frames_match_the_cpus(
     record_property("figures", json.dumps(run_check("cuda_decoding", needs(gpus, 1), h264_video)))
 
 
-def test_channels_last_and_compile_leave_a_training_step_unchanged(
+def test_channels_last_leaves_a_training_step_unchanged(
     gpus: list[str], record_property: pytest.RecordProperty
 ) -> None:
-    record_property("figures", json.dumps(run_check("channels_last_and_compile", needs(gpus, 1))))
+    record_property("figures", json.dumps(run_check("channels_last", needs(gpus, 1))))
+
+
+def test_compile_leaves_a_training_step_unchanged(gpus: list[str], record_property: pytest.RecordProperty) -> None:
+    record_property("figures", json.dumps(run_check("compile", needs(gpus, 1))))
