@@ -52,7 +52,7 @@ def test_check_without_a_gpu_exits_non_zero_with_every_row_not_checked(tmp_path:
     assert "Traceback" not in logs
     table = (tmp_path / "out" / "gpu-check.md").read_text()
     rows = table_rows(table)
-    assert len(rows) == 12, table  # the 9 GPU tests and the bench's 3 settings
+    assert len(rows) == 14, table  # the 11 GPU tests and the bench's 3 settings
     assert [row for row in rows if row[1] != NOT_CHECKED] == [], table
     assert "- GPUs: none visible to torch" in table and "torch.compile: " in table
 

@@ -26,11 +26,11 @@ from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
 
 from tests.trainer.test_train import free_port
 from trainer.accel import amp_dtype, autocast, ddp_module, prepare_model, wrap_ddp
-from trainer.config import validate_config
+from trainer.config import Config, validate_config
 from trainer.data.decoders import NATIVE, BadVideo, decode_device, open_reader, read_frames
 from trainer.data.loader import stack_clips
 from trainer.data.transforms import ClipNormalizer, Crop, make_crop, normalize
-from trainer.distributed import single_process_context
+from trainer.distributed import DistContext, launch, single_process_context
 from trainer.hardware import compile_problem, cuda_build, torchcodec_version
 from trainer.models import build_model
 
@@ -182,6 +182,26 @@ def check_sync_bn(world: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# The device of a single-process run
+
+
+def check_single_process_device() -> dict[str, Any]:
+    """launch() with DISTRIBUTED False and DDP_CONFIG.GPU 1: the worker's device is GPU 1, and so is the current
+    device (set_device), where a tensor made without a device goes."""
+    if torch.cuda.device_count() < 2:
+        raise CannotCheck(f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+    seen: dict[str, Any] = {}
+
+    def worker(ctx: DistContext, _cfg: Config) -> None:
+        seen.update(device=str(ctx.device), current=torch.cuda.current_device(),
+                    allocated=str(torch.empty(1, device="cuda").device))
+
+    launch(worker, validate_config({"DDP_CONFIG": {"DISTRIBUTED": False, "GPU": 1}}))
+    assert seen == {"device": "cuda:1", "current": 1, "allocated": "cuda:1"}, seen
+    return seen
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Crops made on the GPU
 
 
@@ -292,6 +312,7 @@ def check_compile() -> dict[str, Any]:
 CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
     "amp": check_amp,
     "sync_bn": check_sync_bn,
+    "single_process_device": check_single_process_device,
     "gpu_crops": check_gpu_crops,
     "cuda_decoding": check_cuda_decoding,
     "channels_last": check_channels_last,
