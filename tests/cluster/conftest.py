@@ -4,6 +4,7 @@ own sshd, built and torn down by playbooks/local-cluster.yml. Needs root."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -71,6 +73,15 @@ def recap_of(stdout: str, hosts: Iterable[str]) -> dict[str, dict[str, int]]:
 def changed_total(stdout: str, hosts: Iterable[str]) -> int:
     """Changed results summed over these hosts, every one of which must be in the recap."""
     return sum(counters["changed"] for counters in recap_of(stdout, hosts).values())
+
+
+def load_file(path: Path) -> ModuleType:
+    """A Python file of a role (a filter plugin, a script it runs on the nodes) as a module, for its plain functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,32 @@ def stage_dataset(cluster: LocalCluster, folder: Path, train: int = 8,
         cwd=REPO, check=True, capture_output=True, text=True,
     )  # fmt: skip
     return cluster.playbook("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
+
+
+# New TCP connections into the node are dropped (what a host firewall that does not know the cluster does), its own
+# connections and SSH still work.
+CLOSED_PORTS = """
+table inet vidcluster_test {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    ct state established,related accept
+    iifname "lo" accept
+    tcp dport 22 accept
+    tcp flags syn drop
+  }
+}
+"""
+
+
+@contextlib.contextmanager
+def closed_ports(node: Node) -> Iterator[None]:
+    """The node's namespace drops every new TCP connection but SSH's while the block runs."""
+    subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=CLOSED_PORTS, text=True, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "exec", node.netns, "nft", "delete", "table", "inet", "vidcluster_test"],
+                       check=True)
 
 
 def node_job_dir(node: Node, job_id: str) -> Path:

@@ -21,20 +21,18 @@ Run: .venv/bin/python -m pytest tests/cluster/test_environment.py  (root).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.cluster.conftest import REPO, LocalCluster, changed_total, flat, recap, run_playbook
+from tests.cluster.conftest import REPO, LocalCluster, changed_total, flat, load_file, recap, run_playbook
 
 ROLE = REPO / "roles" / "python_env"
 PLAYBOOK = REPO / "playbooks" / "environment.yml"
@@ -46,17 +44,9 @@ CPU_TORCH = next(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"), None)
 SMALL_REQUIREMENTS = "pyyaml==6.0.4\nparamiko==4.0.0\n"
 
 
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-filters = _load(ROLE / "filter_plugins" / "python_env.py")
-gpu_role = _load(REPO / "roles" / "node_gpus" / "filter_plugins" / "node_gpus.py")
-check_requirements = _load(ROLE / "files" / "check_requirements.py")
+filters = load_file(ROLE / "filter_plugins" / "python_env.py")
+gpu_role = load_file(REPO / "roles" / "node_gpus" / "filter_plugins" / "node_gpus.py")
+check_requirements = load_file(ROLE / "files" / "check_requirements.py")
 
 
 def task_lines(stdout: str, task: str) -> list[str]:
