@@ -48,7 +48,7 @@ from trainer.accel import amp_dtype, configure_backends, prepare_model, wrap_ddp
 from trainer.checkpoint import CheckpointWriter
 from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
 from trainer.coordination import StepControl, StopRequest, stop_signals
-from trainer.data import build_dataset, build_loader
+from trainer.data import build_dataset, build_loader, loader_workers
 from trainer.data.check import require_readable
 from trainer.data.loader import epoch_batches, set_loader_epoch, skip_batches
 from trainer.data.multigrid import MultigridSchedule
@@ -149,7 +149,8 @@ def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, 
 
 def train_worker(ctx: DistContext, cfg: Config) -> None:
     """Everything one training process does, from datasets to the final checkpoint."""
-    with stop_signals() as stop:  # first: a stop asked for while the run starts is honoured at its first step
+    # First the stop signals: a stop asked for while the run starts is honoured at its first step.
+    with stop_signals() as stop, loader_workers():
         run = prepare_run(ctx, cfg, stop)
         try:
             for epoch in range(run.start_epoch, cfg.CONFIG.TRAIN.EPOCH_NUM):
