@@ -115,7 +115,7 @@ def assert_world(recs: list[dict[str, Any]], world: int, per_node: int) -> None:
         env = rec["env"]  # the worker's environment, as torchrun exports it
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rec["local_rank"]), str(world))
         assert (env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == (str(per_node), str(rec["node_rank"]))
-        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"].isdigit()
+        assert env["MASTER_ADDR"] in ("127.0.0.1", "localhost") and env["MASTER_PORT"].isdigit()
     assert len({rec["pid"] for rec in recs}) == world
     assert_precise_bn_averaged_over_ranks([rec["precise_bn"] for rec in recs])
 
