@@ -243,7 +243,7 @@ table inet vidcluster_test {
     type filter hook input priority 0; policy accept;
     ct state established,related accept
     iifname "lo" accept
-    tcp dport 22 accept
+    tcp dport {ssh_port} accept
     tcp flags syn drop
   }
 }
@@ -251,9 +251,11 @@ table inet vidcluster_test {
 
 
 @contextlib.contextmanager
-def closed_ports(node: Node) -> Iterator[None]:
-    """The node's namespace drops every new TCP connection but SSH's while the block runs."""
-    subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=CLOSED_PORTS, text=True, check=True)
+def closed_ports(node: Node, ssh_port: int) -> Iterator[None]:
+    """The node's namespace drops every new TCP connection but SSH's (its sshd listens on ``ssh_port``) while the
+    block runs."""
+    subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=CLOSED_PORTS.format(ssh_port=ssh_port),
+                   text=True, check=True)
     try:
         yield
     finally:

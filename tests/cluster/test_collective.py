@@ -118,7 +118,7 @@ def test_a_node_whose_ports_a_firewall_closes_is_named(private_cluster: tuple[Lo
     cluster, _ = private_cluster
     node2 = cluster.nodes[2]
     started = time.monotonic()
-    with closed_ports(node2):
+    with closed_ports(node2, cluster.ssh_port):
         proc = cluster.playbook("playbooks/collective-check.yml", "-e", "cluster_collective_timeout=20", check=False)
     took = time.monotonic() - started
     assert proc.returncode != 0

@@ -23,7 +23,6 @@ from tests.cluster.conftest import (
     VENV_BIN,
     LocalCluster,
     changed_total,
-    closed_ports,
     flat,
     job_processes,
     node_job_dir,
@@ -64,36 +63,6 @@ def test_dataset_path_missing_on_one_node_fails_before_anything_starts(cluster: 
     assert "node0 lacks" not in proc.stdout and "node2 lacks" not in proc.stdout
     assert job_processes(job) == []
     assert not any((node_job_dir(node, job) / "state.json").exists() for node in cluster.nodes)
-
-
-def test_a_rank0_node_whose_ports_are_closed_stops_the_launch_before_any_trainer_starts(cluster: LocalCluster) -> None:
-    node0 = cluster.nodes[0]
-    job = f"{cluster.name}-closed"
-    with closed_ports(node0):  # the nodes' own firewall: new connections into node0 are dropped, SSH excepted
-        proc = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", check=False)
-    assert proc.returncode != 0
-    out = flat(proc.stdout)
-    found = re.search(rf"no node can reach node0's rendezvous {re.escape(node0.ip)}:(\d+) \(timed out\): a firewall "
-                      r"on node0 closing port \1", out)
-    assert found, proc.stdout[-3000:]
-    # Within the short check's 30 s, before any trainer or supervisor started anywhere.
-    check = proc.stdout.split("TASK [cluster_collective : Start the collective check", 1)[1]
-    assert "TASK [ddp_launch : Start the supervisor" not in check
-    assert job_processes(job) == []
-    assert not any((node_job_dir(node, job) / "state.json").exists() for node in cluster.nodes)
-
-
-@pytest.mark.slow
-def test_compile_on_nodes_without_a_compiler_is_refused_before_any_trainer_starts(cluster: LocalCluster) -> None:
-    job = f"{cluster.name}-compile"
-    no_compiler = {"ddp_config_extra_env": {"CXX": "/opt/no-such-compiler/g++"},
-                   "ddp_config_overrides": {"CONFIG": {"TRAIN": {"COMPILE": True}}}}
-    proc = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", json.dumps(no_compiler),
-                  check=False)
-    assert proc.returncode != 0
-    assert ("node1 cannot run i3d_cpu_test.yaml: CONFIG.TRAIN.COMPILE: torch.compile needs a C++ compiler for "
-            "Inductor's CPU kernels (g++, or $CXX), and this node has none") in flat(proc.stdout), proc.stdout[-3000:]
-    assert "TASK [cluster_collective" not in proc.stdout and job_processes(job) == []
 
 
 def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: LocalCluster) -> None:
