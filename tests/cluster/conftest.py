@@ -235,27 +235,16 @@ def stage_dataset(cluster: LocalCluster, folder: Path, train: int = 8,
     return cluster.playbook("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
 
 
-# New TCP connections into the node are dropped (what a host firewall that does not know the cluster does), its own
-# connections and SSH still work.
-CLOSED_PORTS = """
-table inet vidcluster_test {
-  chain input {
-    type filter hook input priority 0; policy accept;
-    ct state established,related accept
-    iifname "lo" accept
-    tcp dport {ssh_port} accept
-    tcp flags syn drop
-  }
-}
-"""
-
-
 @contextlib.contextmanager
 def closed_ports(node: Node, ssh_port: int) -> Iterator[None]:
     """The node's namespace drops every new TCP connection but SSH's (its sshd listens on ``ssh_port``) while the
     block runs."""
-    subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=CLOSED_PORTS.format(ssh_port=ssh_port),
-                   text=True, check=True)
+    # What a host firewall that does not know the cluster does: new TCP connections into the node are dropped; its
+    # own connections (their replies) and SSH still work.
+    rules = (f"table inet vidcluster_test {{\n chain input {{\n type filter hook input priority 0; policy accept;\n"
+             f' ct state established,related accept\n iifname "lo" accept\n tcp dport {ssh_port} accept\n'
+             " tcp flags syn drop\n }\n}\n")
+    subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
     try:
         yield
     finally:
