@@ -49,6 +49,7 @@ import torch.multiprocessing as mp
 from trainer.config import Config, DDPConfig, check_runtime
 from trainer.errors import STOP_SIGNALS, USER_ERROR_EXIT, Preempted, UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
+from trainer.runtime.contract import run_name, thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +296,7 @@ def _fix_run_name(cfg: Config) -> Config:
     log_cfg = cfg.CONFIG.LOG
     if log_cfg.EXP_NAME != "use_time":
         return cfg
-    stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.localtime())
-    training = cfg.CONFIG.model_copy(update={"LOG": log_cfg.model_copy(update={"EXP_NAME": stamp})})
+    training = cfg.CONFIG.model_copy(update={"LOG": log_cfg.model_copy(update={"EXP_NAME": run_name()})})
     return cfg.model_copy(update={"CONFIG": training})
 
 
@@ -433,7 +433,7 @@ def _spawned(local_rank: int, plan: _Plan, worker_fn: WorkerFn, cfg: Config, fai
     start_heartbeat()
     if not plan.use_cuda and "OMP_NUM_THREADS" not in os.environ:  # a user's setting wins, as under torchrun
         # N CPU workers share the cores; torch would otherwise start one thread per core in each of them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.per_node))
+        torch.set_num_threads(thread_budget(plan.per_node))
     try:
         ctx = plan.context(local_rank)
         with _torchrun_env(ctx):

@@ -109,6 +109,7 @@ class LocalCluster:
     name: str
     state_dir: Path
     nodes: list[Node] = field(default_factory=list)
+    settings: tuple[str, ...] = ()  # the -e settings it was made with, which a repair keeps
 
     @property
     def inventory(self) -> Path:
@@ -140,11 +141,16 @@ class LocalCluster:
     def create(self, nodes: int, *extra: str) -> subprocess.CompletedProcess[str]:
         """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml."""
         proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}", *extra)
+        self.settings = extra
         hosts = _inventory_hosts(self.inventory)
         self.nodes = [Node(index=i, name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
                            dir=self.state_dir / "nodes" / str(i), cluster_ip=h["cluster_ip"])
                       for i, (name, h) in enumerate(hosts.items())]
         return proc
+
+    def repair(self) -> subprocess.CompletedProcess[str]:
+        """Run playbooks/local-cluster.yml again with the settings the cluster was made with (a stopped sshd starts)."""
+        return self.create(len(self.nodes), *self.settings)
 
     def destroy(self) -> None:
         """state=absent, then delete by name whatever is still there (processes, namespaces, links, state)."""
@@ -259,7 +265,8 @@ def node_job_dir(node: Node, job_id: str) -> Path:
 
 @pytest.fixture(scope="session")
 def private_cluster(local_cluster: Callable[..., LocalCluster]) -> tuple[LocalCluster, str]:
-    """3 nodes with private homes after one whole setup-cluster.yml run, and that run's output. Shared by the SSH mesh
-    tests and the private-home launch tests, which put back whatever they break."""
-    cluster = local_cluster(3)
+    """3 nodes with private homes after one whole setup-cluster.yml run, and that run's output; the login user may use
+    sudo on the nodes (the host firewall's tests). Shared by the SSH mesh tests, the private-home launch tests, the
+    stage-data tests and the firewall tests, which put back whatever they break."""
+    cluster = local_cluster(3, "-e", "sudo=true")
     return cluster, cluster.playbook("setup-cluster.yml").stdout
