@@ -90,9 +90,10 @@ def gpu_rows(quick: bool) -> list[Row]:
             raise
         return [("SlowFast 8x8 GPU step (bench/gpu_step.py)", "skipped", "", None, gpu_step.NEEDS_CUDA, None)]
     base = rows[0][1]
-    return [(f"GPU step, {name}: ms (data wait, peak GiB)",
-             f"{1000 * m['step_s']:.1f} ({100 * m['data_wait']:.0f}%, {m['peak_gib']:.1f})",
-             f"{1000 * base['step_s']:.1f}", m["step_s"] / base["step_s"], "info", None) for name, m in rows[1:]]
+    return [(f"GPU step, {name}: ms (data wait, peak GiB)", "skipped", "", None, m["skipped"], None) if "skipped" in m
+            else (f"GPU step, {name}: ms (data wait, peak GiB)",
+                  f"{1000 * m['step_s']:.1f} ({100 * m['data_wait']:.0f}%, {m['peak_gib']:.1f})",
+                  f"{1000 * base['step_s']:.1f}", m["step_s"] / base["step_s"], "info", None) for name, m in rows[1:]]
 
 
 def launch_rows(quick: bool) -> list[Row]:

@@ -291,12 +291,16 @@ class TrainConfig(_Section):
     AMP: Literal["auto", "off", "bf16", "fp16"] = Field(
         "auto",
         description="Mixed precision on CUDA: auto = bf16 where the GPU supports it (Ampere and newer), else off; "
-        "fp16 adds a grad scaler. CPUs always train in float32.",
+        "fp16 adds a grad scaler; bf16 on an older GPU (V100, T4) is refused on the node. CPUs always train in "
+        "float32.",
     )
     CHANNELS_LAST: bool = Field(
         False, description="Model and clips in channels_last_3d memory order (faster 3D convs on recent GPUs)."
     )
-    COMPILE: bool = Field(False, description="torch.compile the training model (the first steps compile).")
+    COMPILE: bool = Field(
+        False, description="torch.compile the training model (the first steps compile; needs a C/C++ compiler and "
+        "Python.h on the node, checked before the launch). DDP then runs without static_graph."
+    )
     CUDNN_BENCHMARK: bool = Field(
         True, description="Let cuDNN time its convolution algorithms per input shape and keep the fastest (CUDA)."
     )
@@ -452,8 +456,9 @@ class DataConfig(_Section):
     )
     DECODER_DEVICE: Literal["cpu", "cuda"] = Field(
         "cpu",
-        description="Where torchcodec decodes: cuda = this process's GPU (NVDEC; needs DECODER torchcodec and "
-        "NUM_WORKERS 0), on the CPU with a warning when there is no GPU or torchcodec is a CPU-only build.",
+        description="Where torchcodec decodes: cuda = this process's GPU (NVDEC; needs DECODER torchcodec, "
+        "NUM_WORKERS 0 and torchcodec's CUDA build: a CPU-only build is refused), on the CPU with a warning when no "
+        "GPU is visible.",
     )
     DECODE_TIME_LIMIT: float = Field(
         60.0,
@@ -841,8 +846,13 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
 
 def check_runtime(cfg: Config) -> None:
     """Checks that need this machine, not only the file: a distributed nccl run needs a visible GPU, so does a
-    distributed SYNC_BN (SyncBatchNorm works on GPU modules only), and DECODER torchcodec or auto needs a torchcodec
-    that loads FFmpeg's libraries."""
+    distributed SYNC_BN (SyncBatchNorm works on GPU modules only), DECODER torchcodec or auto needs a torchcodec
+    that loads FFmpeg's libraries, and AMP bf16, COMPILE and DECODER_DEVICE cuda need what trainer.hardware says."""
+    from trainer.hardware import check_config  # imports torch where a rule needs it: only on a node
+
+    problems = check_config(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
     decoder = cfg.CONFIG.DATA.DECODER
     if decoder != "decord":
         from trainer.data.decoders import torchcodec_problem  # imports torch and decord: only on a node

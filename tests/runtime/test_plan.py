@@ -68,6 +68,8 @@ def test_every_path_of_every_member_is_its_own(shared: bool) -> None:
                              f"{folder}/config.yaml")
         assert plan.env["PYTHONPATH"] == plan.paths.code_dir
         assert plan.env["GLOO_SOCKET_IFNAME"] == "eth0" and plan.env["CUDA_VISIBLE_DEVICES"] == ""
+        assert plan.env["NCCL_SOCKET_IFNAME"] == "=eth0"  # exactly eth0: a plain name is a prefix to NCCL (eth01...)
+        assert plan.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # device ids as nvidia-smi numbers them
         assert [(m.name, m.rank) for m in plan.members] == [("n0", 0), ("n1", 1), ("n2", None)]
         assert plan.me.spare == (name == "n2") and plan.world_size == 2
 

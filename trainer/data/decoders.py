@@ -44,6 +44,7 @@ import torch
 
 from trainer.data.timelimit import Deadline, State, TimeLimit, TimeLimitExceeded
 from trainer.errors import UserError, first_line
+from trainer.hardware import decoder_device_problem
 
 Backend = Literal["decord", "torchcodec"]
 DecoderChoice = Literal["decord", "torchcodec", "auto"]
@@ -200,29 +201,22 @@ def torchcodec_problem() -> str | None:
     return None
 
 
-def torchcodec_cuda_build() -> bool:
-    """Whether the installed torchcodec was built with CUDA (its wheel's local version says so: 0.17.0+cu130)."""
-    import torchcodec
-
-    return "+cu" in torchcodec.__version__
-
-
 @functools.cache
 def decode_device(requested: str, gpu: int = 0) -> str:
-    """Where torchcodec decodes: 'cuda:<gpu>' when a GPU and a CUDA-enabled torchcodec exist, else 'cpu' and a
-    warning saying why (once per process)."""
+    """Where torchcodec decodes: 'cuda:<gpu>' when a GPU and a CUDA-enabled torchcodec exist; 'cpu' and a warning
+    saying why (once per process) when no GPU is visible; DecoderUnavailable naming the build to install when
+    torchcodec is a CPU-only build (it would decode in the training process, which has no workers then)."""
     if requested == "cpu":
         return "cpu"
     if not torch.cuda.is_available():
-        problem = "no GPU is visible"
-    elif not torchcodec_cuda_build():
-        import torchcodec
+        log.warning("CONFIG.DATA.DECODER_DEVICE is cuda but no GPU is visible: torchcodec decodes on the CPU")
+        return "cpu"
+    import torchcodec
 
-        problem = f"torchcodec {torchcodec.__version__} is a CPU-only build"
-    else:
-        return f"cuda:{gpu}"
-    log.warning("CONFIG.DATA.DECODER_DEVICE is cuda but %s: torchcodec decodes on the CPU", problem)
-    return "cpu"
+    problem = decoder_device_problem(requested, torchcodec.__version__, torch.version.cuda)
+    if problem is not None:
+        raise DecoderUnavailable(problem)
+    return f"cuda:{gpu}"
 
 
 def check_file(path: str) -> None:
