@@ -37,6 +37,8 @@ def loader_rows(quick: bool) -> list[Row]:
          r["item_cpu_node"] / r["decode"], "reference", None),
         ("  the item made in the worker (before: resized, flipped, normalised)", f"{r['item_before']:.1f}",
          f"{r['decode']:.1f}", r["item_before"] / r["decode"], "reference", None),
+        ("  the item decoded under DECODE_TIME_LIMIT (in its helper) vs in the worker itself", f"{r['item']:.1f}",
+         f"{r['item_no_limit']:.1f}", r["item"] / r["item_no_limit"], "reference", None),
         ("  making a batch's crops on the device, here a CPU, ms per clip", f"{r['device_ms']:.1f}", "", None,
          "on a GPU: microseconds", None),
         (f"DataLoader, GPU node, {n} workers vs {n} decode-only processes, clips/s", f"{r['loader']:.1f}",

@@ -460,6 +460,15 @@ class DataConfig(_Section):
         "NUM_WORKERS 0 and torchcodec's CUDA build: a CPU-only build is refused), on the CPU with a warning when no "
         "GPU is visible.",
     )
+    DECODE_TIME_LIMIT: float = Field(
+        60.0,
+        ge=0,
+        strict=False,  # YAML's 60 is an int
+        description="Seconds one clip may take to decode on the CPU: a decoder that hangs or crashes on a file is "
+        "abandoned and the video counted bad ('decoding took longer than N s'), and not decoded again; 0 = no "
+        "limit (decoding then runs in the loading process itself). Below DDP_CONFIG.TIMEOUT_SECONDS. GPU decoding "
+        "(DECODER_DEVICE cuda) runs without it.",
+    )
 
     @field_validator("MEAN", "STD")
     @classmethod
@@ -492,6 +501,11 @@ class DataConfig(_Section):
     def _problem(self) -> tuple[str, str] | None:
         if self.NUM_WORKERS == 0 and _changed(self, "PREFETCH_FACTOR"):
             return "PREFETCH_FACTOR", "only DataLoader workers prefetch; set NUM_WORKERS > 0 or remove it"
+        if self.DECODER_DEVICE == "cuda" and _changed(self, "DECODE_TIME_LIMIT") and self.DECODE_TIME_LIMIT > 0:
+            return "DECODE_TIME_LIMIT", (
+                "only applies to CPU decoding (a decoder on the GPU runs in the training process, where a hung one "
+                "cannot be abandoned); remove it or set DECODER_DEVICE: cpu"
+            )
         if self.TEST_CROP_SIZE > self.SHORT_SIDE_SIZE:
             return "TEST_CROP_SIZE", (
                 f"is {self.TEST_CROP_SIZE}, larger than SHORT_SIDE_SIZE {self.SHORT_SIDE_SIZE}, so test crops would "
@@ -698,6 +712,16 @@ def _training_problem(cfg: TrainingConfig) -> tuple[str, str] | None:
 class Config(_Section):
     DDP_CONFIG: DDPConfig = Field(default_factory=DDPConfig, description="Nodes, ranks and rendezvous (GluonCV keys).")
     CONFIG: TrainingConfig = Field(default_factory=TrainingConfig, description="Training, data, model and logging.")
+
+    def _problem(self) -> tuple[str, str] | None:
+        limit, timeout = self.CONFIG.DATA.DECODE_TIME_LIMIT, self.DDP_CONFIG.TIMEOUT_SECONDS
+        if limit >= timeout:
+            # A rank waiting that long for a clip would leave its peers in a collective until they give up.
+            return "CONFIG.DATA.DECODE_TIME_LIMIT", (
+                f"is {limit:g} s, not below DDP_CONFIG.TIMEOUT_SECONDS ({timeout} s): a rank decoding a hung video "
+                "that long would make its peers' collectives time out; lower it or raise TIMEOUT_SECONDS"
+            )
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

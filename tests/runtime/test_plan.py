@@ -57,7 +57,8 @@ def test_every_path_of_every_member_is_its_own(shared: bool) -> None:
         assert plan.paths.status_file == f"{run}/status.json"
         assert plan.paths.log_file == f"{run}/train-log.txt"  # LOG.LOG_FILENAME
         assert list(plan.paths.results) == [f"{run}/{f}" for f in (
-            "metrics.jsonl", "status.json", "curves.png", "train-log.txt", "weights_digest.json", "config.yaml")]
+            "metrics.jsonl", "status.json", "curves.png", "train-log.txt", "weights_digest.json", "config.yaml",
+            "bad_videos.json")]
         assert plan.paths.weights_cache == f"{home}/.cache/vidcluster/weights"
         assert dict(plan.data_paths) == {"CONFIG.DATA.TRAIN_ANNO_PATH": f"{home}/data/k/train.txt",
                                          "CONFIG.DATA.TRAIN_DATA_PATH": f"{home}/data/k",
