@@ -42,8 +42,13 @@ def slow(path: Path, node: int, factor: float) -> float:
 
 
 def kill_a_trainer(job: Job, node: str) -> None:
-    """Kill ``node``'s trainer once its attempt trains, and wait for the next attempt."""
+    """Kill ``node``'s trainer once its attempt trains and its members have reported what it spent (a few report
+    periods: an attempt killed before that has nothing on record), and wait for the next attempt."""
     attempt = job.record().attempt
+    if attempt > 0:  # rank 0 (n0) records a restarted attempt after its first step
+        wait_until(lambda: (told := [a for a in job.attempts("n0") if a["attempt"] == attempt])
+                   and job.step("n0") >= told[0]["resumed_step"] + 5, 60, f"attempt {attempt} training", job.logs)
+    time.sleep(3 * job.plans["n0"].timings.report_every)
     wait_until(lambda: job.processes(node, trainers_only=True), 60, f"{node}'s trainer", job.logs)
     job.signal(node, signal.SIGKILL, trainers_only=True)
     wait_until(lambda: job.record().attempt > attempt, 60, "the next attempt", job.logs)
