@@ -47,7 +47,6 @@ from trainer.runtime.record import (
     Kind,
     Phase,
     Spent,
-    Straggler,
 )
 from trainer.runtime.schema import JsonObject
 from trainer.runtime.verdict import exit_failure, first_failure, words
@@ -267,47 +266,22 @@ class Hub:
     # -- stragglers --------------------------------------------------------------------------------------------------
 
     def _check_stragglers(self, now: float, wall: float) -> None:
-        """Name the nodes slow for a whole window, and swap one for a spare when the rules allow
-        (trainer.runtime.straggler)."""
-        rules = self.plan.stragglers
+        """Name the nodes slow for a whole window; swap one for a spare when the rules allow: every node's trainer
+        checkpoints at a common step first (trainer.runtime.straggler, .node.stop_signal)."""
         paces = self.paces.paces(self.record.attempt, self.record.assignment)
-        for node, (pace, slow_for) in sorted(self.slow.observe(paces, now).items()):
-            known = self.record.stragglers.get(node)
-            if known is None:
-                known = straggler.named(pace, slow_for, wall)
-                self.log(f"{node} is a straggler: it trained at {pace:.2f}x the pace of the other nodes for "
-                         f"{slow_for:.0f} s")
-            spare = next(iter(self._spares(now)), None)
-            why = straggler.why_not_swap(rules, self.record, spare, wall)
-            if not why and spare is not None:
-                self._swap(node, dataclasses.replace(known, replaced_by=spare, replaced_at=wall), now, wall)
-                return
-            if why != known.note:
-                self.log(f"{node} trains on: {why}")
-                self._change(stragglers={**self.record.stragglers, node: dataclasses.replace(known, note=why)})
-
-    def _swap(self, node: str, named: Straggler, now: float, wall: float) -> None:
-        """Stop the attempt to swap a straggler: every node's trainer checkpoints at a common step first
-        (trainer.runtime.node.stop_signal); the policy then gives its rank to a spare."""
-        failure = Failure(node, Kind.SLOW, straggler.swap_reason(named, self.plan.stragglers), wall)
+        turn = straggler.turn(self.slow, self.record, paces, next(iter(self._spares(now)), None), now, wall)
+        for line in turn.said:
+            self.log(line)
+        if turn.swap is None:
+            if turn.stragglers != self.record.stragglers:
+                self._change(stragglers=turn.stragglers)
+            return
+        failure = Failure(turn.swap, Kind.SLOW, straggler.swap_reason(turn.stragglers[turn.swap], self.slow.rules),
+                          wall)
         self.failures.append(failure)  # a real failure while the attempt stops is named instead (verdict.TIERS)
-        self.log(f"attempt {self.record.attempt}: swapping straggler {node} for {named.replaced_by}: every node "
-                 "checkpoints at the next step and stops")
         self._change(phase=Phase.STOPPING, first_failure=failure, detected_at=wall, failed_step=_step(self.progress),
-                     stragglers={**self.record.stragglers, node: named})
+                     stragglers=turn.stragglers)
         self.phase_since = now
-
-    def _swapped(self, replaced: Mapping[str, str]) -> dict[str, Straggler]:
-        """The stragglers once the next attempt starts: a swap asked for in the attempt that ends took place (with the
-        spare the policy chose), or did not (no spare was left)."""
-        stragglers = {}
-        for node, named in self.record.stragglers.items():
-            if named.replaced_at is not None and node in self.record.assignment:
-                new = replaced.get(node, "")
-                named = dataclasses.replace(named, replaced_by=new, replaced_at=named.replaced_at if new else None,
-                                            note="" if new else "no spare was free when its attempt stopped")
-            stragglers[node] = named
-        return stragglers
 
     def _spares(self, now: float) -> list[str]:
         """Members that could take a rank in the next attempt: available, and not in this one."""
@@ -418,7 +392,7 @@ class Hub:
         self._change(attempt=attempt, phase=Phase.RUNNING, assignment=assignment, rendezvous=rendezvous,
                      world_urls=world_urls(self.plan, assignment), attempts=(*self.record.attempts, entry),
                      restarts=self.record.restarts + 1, first_failure=None, detected_at=None, failed_step=None,
-                     waiting="", stragglers=self._swapped(replaced), spent=self._spent())
+                     waiting="", stragglers=straggler.swapped(self.record, replaced), spent=self._spent())
         self._change(goodput=goodput.account(self.record, None, wall))
         self.phase_since = now
 

@@ -22,6 +22,7 @@ out, it is never a spare of the job again.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -86,9 +87,51 @@ class Watch:
         self.slow_since.clear()
 
 
-def named(pace: float, slow_for: float, wall: float) -> Straggler:
-    return Straggler(named_at=wall, pace=round(pace, 3), slow_for=round(slow_for, 1), replaced_by="",
-                     replaced_at=None, note="")
+@dataclass(frozen=True)
+class Turn:
+    """What the hub does about its stragglers now: the record's stragglers, the lines for its log, and the node to
+    swap for a spare (its entry names the spare), if any."""
+
+    stragglers: dict[str, Straggler]
+    said: tuple[str, ...]
+    swap: str | None
+
+
+def turn(watch: Watch, record: JobRecord, paces: Mapping[str, tuple[float, float]], spare: str | None,
+         now: float, wall: float) -> Turn:
+    """Name the nodes slow for a whole window, and swap one for ``spare`` (the first free spare) when the rules
+    allow; ``paces``: node -> (pace, when it was measured) of the running attempt's nodes."""
+    stragglers, said = dict(record.stragglers), []
+    for node, (pace, slow_for) in sorted(watch.observe(paces, now).items()):
+        known = stragglers.get(node)
+        if known is None:
+            known = Straggler(named_at=wall, pace=round(pace, 3), slow_for=round(slow_for, 1), replaced_by="",
+                              replaced_at=None, note="")
+            said.append(f"{node} is a straggler: it trained at {pace:.2f}x the pace of the other nodes for "
+                        f"{slow_for:.0f} s")
+        why = why_not_swap(watch.rules, record, spare, wall)
+        if not why and spare is not None:
+            stragglers[node] = dataclasses.replace(known, replaced_by=spare, replaced_at=wall)
+            said.append(f"attempt {record.attempt}: swapping straggler {node} for {spare}: every node checkpoints "
+                        "at the next step and stops")
+            return Turn(stragglers, tuple(said), node)
+        if why != known.note:
+            said.append(f"{node} trains on: {why}")
+            stragglers[node] = dataclasses.replace(known, note=why)
+    return Turn(stragglers, tuple(said), None)
+
+
+def swapped(record: JobRecord, replaced: Mapping[str, str]) -> dict[str, Straggler]:
+    """The stragglers once the next attempt starts: a swap asked for in the attempt that ends took place (with the
+    spare the policy chose: ``replaced``), or did not (no spare was left)."""
+    stragglers = {}
+    for node, named in record.stragglers.items():
+        if named.replaced_at is not None and node in record.assignment:
+            new = replaced.get(node, "")
+            named = dataclasses.replace(named, replaced_by=new, replaced_at=named.replaced_at if new else None,
+                                        note="" if new else "no spare was free when its attempt stopped")
+        stragglers[node] = named
+    return stragglers
 
 
 def why_not_swap(rules: Rules, record: JobRecord, spare: str | None, wall: float) -> str:
