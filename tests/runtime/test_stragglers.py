@@ -5,6 +5,8 @@ and the record says who was named, who replaced whom, and where the job's time w
 from __future__ import annotations
 
 import dataclasses
+import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +181,15 @@ def test_a_nodes_pace_is_its_time_per_step_against_the_median_of_the_others() ->
     book.heard("a", Pace(1, effort(1, 0.5)), 200.0)  # a new attempt starts the node's measurement again
     assert "a" not in book.paces(0, ["a", "b", "c"])
     assert book.effort(0, ["a", "b", "c"]) == effort(22, 44.0)  # the slowest node's, as last reported
+
+
+def test_the_median_of_the_others_is_the_median_without_the_node() -> None:
+    rng = random.Random(7)
+    for size in (1, 2, 3, 4, 5, 10, 11, 64):
+        values = sorted(rng.choice((0.5, 1.0, rng.uniform(0.1, 3.0))) for _ in range(size))  # with ties
+        for index in range(size):
+            others = values[:index] + values[index + 1:]
+            assert pace.median_without(values, index) == pytest.approx(statistics.median(others) if others else 0.0)
 
 
 def test_a_nodes_effort_is_its_slowest_process_and_a_heartbeat_reads_back(tmp_path: Path) -> None:
