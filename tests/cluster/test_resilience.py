@@ -10,10 +10,7 @@ addresses (gloo, the watch and the rendezvous all over IPv6), a 10 s heartbeat t
   - SIGTERM to every supervisor (a preemption): every rank checkpoints at the same step, the job restarts and loses
     no step: it ends with the reference's weights;
   - every training video of one node unreadable from epoch 2 on: the trainer's exit status 2, no restart loop, one
-    clear message naming the node;
-  - a node slowed mid-run (its processes held to a fraction of a CPU by a cgroup's quota): named a straggler within
-    the window, swapped for the spare at a checkpoint every rank takes at the same step, and the job trains at its
-    old pace again; the follow, the status and the end name it, with the job's goodput.
+    clear message naming the node.
 Slow (a few minutes): the slow lane, `bash scripts/test.sh --slow` (.ci/run runs it after the main lane).
 """
 
@@ -42,7 +39,6 @@ from tests.cluster.conftest import (
     playbook_env,
     stage_dataset,
 )
-from tests.cluster.cpu_quota import cpu_quota
 from trainer.runtime.record import JobRecord
 
 pytestmark = pytest.mark.slow
@@ -312,59 +308,3 @@ def test_a_data_error_at_epoch_2_ends_the_job_in_one_message_without_a_restart(c
         out[-4000:])
     assert "a restart cannot fix a bad input" in flat(out) and "error: " in out  # the trainer's own line, shown
     assert record(node0, job).restarts == 0 and job_processes(job) == []
-
-
-STRAGGLER_WINDOW = 20
-STRAGGLER_ARGS = (
-    "-e", f"ddp_config_straggler_window={STRAGGLER_WINDOW}", "-e", "ddp_config_straggler_threshold=0.6",
-    "-e", "ddp_config_straggler_cooldown=0",
-    "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": 400}}}}),
-)  # fmt: skip
-
-
-def steps_per_s(node: Node, job: str, seconds: float) -> float:
-    """Rank 0's optimizer steps per second over ``seconds`` (its status.json's step and time)."""
-    first = status_of(node, job)
-    time.sleep(seconds)
-    last = status_of(node, job)
-    return (last["step"] - first["step"]) / (last["updated"] - first["updated"])
-
-
-def test_a_node_slowed_mid_run_is_named_and_swapped_for_the_spare_at_a_checkpoint(cluster: LocalCluster) -> None:
-    node0, node1, _ = cluster.nodes
-    job = f"{cluster.name}-slow"
-    play = launch(cluster, job, *STRAGGLER_ARGS)
-    try:
-        wait_for_epoch(node0, job, 3, play)
-        before = steps_per_s(node0, job, 20)
-        with cpu_quota(node1.netns, 0.15, f"vc-{job}"):
-            slowed = time.time()
-            deadline = slowed + 240
-            while "node1" not in record(node0, job).stragglers and time.time() < deadline:
-                time.sleep(1)
-            named = record(node0, job).stragglers["node1"]
-            plan = json.loads((node_job_dir(node0, job) / "plan.json").read_text())
-            span = max(STRAGGLER_WINDOW / 4, 2 * plan["watch"]["heartbeat_timeout"] / 6)
-            assert STRAGGLER_WINDOW <= named.named_at - slowed <= STRAGGLER_WINDOW + 3 * span + 20, named
-            while record(node0, job).attempt < 1 and time.time() < deadline:
-                time.sleep(1)
-        wait_for_epoch(node0, job, status_of(node0, job).get("epoch", 0) + 2, play)
-        after = steps_per_s(node0, job, 20)
-        cluster.playbook("stop-training.yml", "-e", f"job_id={job}")
-        out = finish(play)
-    finally:
-        if play.poll() is None:
-            play.kill()
-    assert play.returncode == 0, out[-4000:]
-    assert after >= 0.8 * before, (before, after)  # the slow node is out: the job trains at its old pace again
-    rec = record(node0, job)
-    assert rec.assignment == {"node0": 0, "node2": 1} and rec.stragglers["node1"].replaced_by == "node2"
-    cause = rec.attempts[1].cause
-    assert cause is not None and (cause.node, cause.kind) == ("node1", "slow") and named.pace < 0.6
-    attempt = restarted(job)
-    assert attempt["steps_lost"] == 0, attempt  # every rank checkpointed at the step the swap was asked at
-    said = flat(out)
-    assert f"{job}: " in said and "stragglers: node1 at 0." in said and "replaced by node2" in said  # the follow
-    assert "goodput " in said and "The job stopped" in said, out[-3000:]  # the end, with the job's goodput
-    status = flat(cluster.playbook("training-status.yml", "-e", f"job_id={job}").stdout)
-    assert "stragglers: node1 at 0." in status and "goodput " in status, status[-3000:]
