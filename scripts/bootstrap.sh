@@ -13,7 +13,8 @@ VENV="$ROOT/.venv"
 # which the cluster's non-root login user can execute (unlike a Python under /root); rsync: playbooks/stage-data.yml
 # copies datasets with it (the local test nodes run this machine's binaries); nftables, iptables, sudo: the host firewall
 # of setup-cluster.yml -e firewall=true on the local test nodes (either tool, as a Debian node has it; sudo for become,
-# granted only inside the nodes made with local-cluster.yml -e sudo=true).
+# granted only inside the nodes made with local-cluster.yml -e sudo=true), and the cluster tests' rule that closes a
+# test node's ports in its namespace (tests/cluster/conftest.py: closed_ports).
 APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates
   rsync nftables iptables sudo)
 

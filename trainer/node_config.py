@@ -343,8 +343,9 @@ def node_env(job: JobSpec, node: NodeFacts, code_dir: str, job_dir: str) -> dict
         "PYTHONPATH": code_dir,
         "PYTHONUNBUFFERED": "1",
         "GLOO_SOCKET_IFNAME": node.iface,  # the interface that holds the node's cluster address
-        "NCCL_SOCKET_IFNAME": node.iface,
+        "NCCL_SOCKET_IFNAME": f"={node.iface}" if node.iface else "",  # "=": that name exactly, not a prefix of names
         "OMP_NUM_THREADS": str(job.omp_num_threads),  # 0: the supervisor divides the node's cores among workers
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # inventory device ids are nvidia-smi's (CUDA's default: fastest first)
         "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in node.device_ids),
     }
     if job.weights_table:

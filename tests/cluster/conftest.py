@@ -4,6 +4,7 @@ own sshd, built and torn down by playbooks/local-cluster.yml. Needs root."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -71,6 +73,15 @@ def recap_of(stdout: str, hosts: Iterable[str]) -> dict[str, dict[str, int]]:
 def changed_total(stdout: str, hosts: Iterable[str]) -> int:
     """Changed results summed over these hosts, every one of which must be in the recap."""
     return sum(counters["changed"] for counters in recap_of(stdout, hosts).values())
+
+
+def load_file(path: Path) -> ModuleType:
+    """A Python file of a role (a filter plugin, a script it runs on the nodes) as a module, for its plain functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)
@@ -228,6 +239,23 @@ def stage_dataset(cluster: LocalCluster, folder: Path, train: int = 8,
         cwd=REPO, check=True, capture_output=True, text=True,
     )  # fmt: skip
     return cluster.playbook("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
+
+
+@contextlib.contextmanager
+def closed_ports(node: Node, ssh_port: int) -> Iterator[None]:
+    """The node's namespace drops every new TCP connection but SSH's (its sshd listens on ``ssh_port``) while the
+    block runs."""
+    # What a host firewall that does not know the cluster does: new TCP connections into the node are dropped; its
+    # own connections (their replies) and SSH still work.
+    rules = (f"table inet vidcluster_test {{\n chain input {{\n type filter hook input priority 0; policy accept;\n"
+             f' ct state established,related accept\n iifname "lo" accept\n tcp dport {ssh_port} accept\n'
+             " tcp flags syn drop\n }\n}\n")
+    subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "exec", node.netns, "nft", "delete", "table", "inet", "vidcluster_test"],
+                       check=True)
 
 
 def node_job_dir(node: Node, job_id: str) -> Path:

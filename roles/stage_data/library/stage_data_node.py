@@ -65,7 +65,7 @@ def stage_handle(name: str) -> stage.Handle:
 def prepare(p: dict[str, Any]) -> dict[str, Any]:
     dest, handle = here(p["dest"]), stage_handle(p["handle"])
     os.makedirs(dest, exist_ok=True)
-    stage.point(handle.path, dest)
+    manifest.point(handle.path, dest)
     for old in handle.old_progress():
         os.unlink(old)
     out: dict[str, Any] = {"dest": dest, "stage": handle.stage, "rsync": stage.rsync_problem(), "manifest": "stale",
@@ -88,7 +88,7 @@ def prepare(p: dict[str, Any]) -> dict[str, Any]:
 
 def source(p: dict[str, Any]) -> dict[str, Any]:
     src, handle = here(p["src"]), stage_handle(p["handle"])
-    stage.point(handle.path, src)
+    manifest.point(handle.path, src)
     done = manifest.build(src, handle.manifest, f"{p['label']}:{src}")
     return {"src": src, "stage": handle.stage, "manifest": handle.manifest, "rsync": stage.rsync_problem(),
             "build": done, "changed": bool(done["changed"])}

@@ -116,16 +116,6 @@ class Controller:
         return posixpath.join(self.run_dir, f"{node}.json")
 
 
-def point(handle: str, target: str) -> bool:
-    """Make the symlink handle -> target (replaced atomically when it points elsewhere); True when it changed."""
-    if os.path.islink(handle) and os.readlink(handle) == target:
-        return False
-    tmp = f"{handle}.{os.getpid()}.tmp"
-    os.symlink(target, tmp)
-    os.replace(tmp, handle)
-    return True
-
-
 def rsync_problem() -> str:
     """'' when rsync runs here, else why not."""
     try:
