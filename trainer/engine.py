@@ -26,6 +26,7 @@ from trainer.accel import autocast, clip_normalizer, ddp_module
 from trainer.config import Config
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, any_rank
+from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
 
 log = logging.getLogger("trainer")
@@ -33,12 +34,14 @@ log = logging.getLogger("trainer")
 
 @dataclass
 class TrainState:
-    """What the epoch loop mutates: optimizer, schedule, AMP scaler, and the global optimizer step."""
+    """What the epoch loop mutates: optimizer, schedule, AMP scaler, the global optimizer step, and the step clock
+    (what the steps spend their time on: trainer.pace)."""
 
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     step: int = 0
+    clock: StepClock = field(default_factory=lambda: StepClock(None, start_step=0, checkpoint_every_s=0.0))
     fallback_reported: set[str] = field(default_factory=set)  # named in the log already (once per video)
 
 
@@ -140,8 +143,11 @@ def train_one_epoch(
     # batch with no good video on any rank is a placeholder step on every rank, or the others would wait in theirs.
     syncs_batchnorm = ctx.distributed and train.SYNC_BN
     state.optimizer.zero_grad(set_to_none=True)
+    clock = state.clock
+    clock.epoch_start()
     batches = _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}", tally.batches)
     for batch, last, end, sync in batches:
+        clock.batch_ready()
         tally.batches += 1
         tally.bad.extend(batch["bad"])
         tally.fallback.extend(batch["fallback"])
@@ -153,6 +159,7 @@ def train_one_epoch(
         with sync:
             loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer, placeholder)
             state.scaler.scale(loss / train.ACCUM_STEPS).backward()
+        clock.backward_done()
         if logits is not None:
             n = len(labels)
             tally.sums += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double()])
@@ -164,6 +171,7 @@ def train_one_epoch(
             if ctx.is_main and state.step % cfg.CONFIG.LOG.DISPLAY_FREQ == 0:
                 _display(reporter, state.step, epoch, lr, tally)  # the one wait for the device
             after_step(tally, step_clips, end)
+            clock.step_done()
             step_clips = 0
     stats = torch.cat([tally.sums, torch.tensor([tally.clips], device=ctx.device, dtype=torch.float64)])
     all_reduce_sum(stats)

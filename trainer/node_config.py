@@ -13,11 +13,12 @@ The description it rendered from is kept as ``DIR/launch.json``, so the same fil
 The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
 experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
 "env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace}, "restarts":
-{max_restarts, node_wait}, "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares": [...]}``;
-a node is ``{"name", "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0
-hosts the rendezvous); spares train only when one replaces a lost node. The description is strict: a key it does not
-know (at the top or nested, e.g. ``watch.heartbeat_timout``), a value of the wrong kind or a node name that is not
-one folder name is refused in one line naming it. Paths in the config are made absolute for
+{max_restarts, node_wait}, "stragglers": {threshold, window, action, cooldown} (trainer.runtime.straggler),
+"omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares": [...]}``; a node is ``{"name",
+"ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0 hosts the rendezvous);
+spares train only when one replaces a lost node. The description is strict: a key it does not know (at the top or
+nested, e.g. ``watch.heartbeat_timout``), a value of the wrong kind or a node name that is not one folder name is
+refused in one line naming it. Paths in the config are made absolute for
 each node: "~" and relative paths are in that node's home.
 
 Where the run goes: the config's LOG.BASE_PATH/EXP_NAME, on each node (rank 0 writes it; node rank 1 keeps a copy of
@@ -53,11 +54,13 @@ from trainer.config import (
 from trainer.runtime import contract, layout
 from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
+from trainer.runtime.straggler import Rules, Treatment
 
 USE_TIME = "use_time"
 DEFAULT_RUN_NAME = "run"
 WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_grace": 15.0}
 RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0}
+STRAGGLER_DEFAULTS = {"threshold": 0.7, "window": 300.0, "action": "auto", "cooldown": 1800.0}
 
 
 def _integer(value: Any) -> int:
@@ -88,6 +91,21 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise TypeError("an object")
     return value
+
+
+def _treatment(value: Any) -> str:
+    if value not in {t.value for t in Treatment}:
+        raise ValueError(f"one of {', '.join(t.value for t in Treatment)}")
+    return str(value)
+
+
+def _straggler_rules(section: Mapping[str, Any]) -> Rules:
+    """The plan's straggler settings; a threshold or a time out of range is a ConfigError naming it."""
+    try:
+        return Rules(threshold=float(section["threshold"]), window=float(section["window"]),
+                     action=Treatment(section["action"]), cooldown=float(section["cooldown"]))
+    except ValueError as exc:
+        raise ConfigError(f"job description: {exc}") from None
 
 
 def _devices(value: Any) -> tuple[int, ...] | None:
@@ -181,6 +199,7 @@ class JobSpec:
     env_path: str = "~/vidcluster/venv"
     watch: Mapping[str, float] = field(default_factory=lambda: dict(WATCH_DEFAULTS))
     restarts: Mapping[str, float] = field(default_factory=lambda: dict(RESTART_DEFAULTS))
+    stragglers: Rules = field(default_factory=lambda: _straggler_rules(STRAGGLER_DEFAULTS))
     omp_num_threads: int = 0
     extra_env: Mapping[str, str] | None = None
     weights_table: bool = False
@@ -195,6 +214,9 @@ class JobSpec:
             "jobs_dir": _text, "code_root": _text, "code_version": _text, "env_path": _text,
             "watch": _section("watch", dict.fromkeys(WATCH_DEFAULTS, _number), WATCH_DEFAULTS),
             "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number}, RESTART_DEFAULTS),
+            "stragglers": lambda value: _straggler_rules(_section(
+                "stragglers", {"threshold": _number, "window": _number, "action": _treatment, "cooldown": _number},
+                STRAGGLER_DEFAULTS)(value)),
             "omp_num_threads": _integer,
             "extra_env": lambda value: {str(k): _text(v) for k, v in _mapping(value).items()},
             "weights_table": _flag,
@@ -363,6 +385,7 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
         ),
         watch=Watch(**{k: float(v) for k, v in job.watch.items()}),
         restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"])),
+        stragglers=job.stragglers,
         data_paths=tuple(input_paths(cfg)),
     )
 

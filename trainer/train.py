@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer import checkpoint
+from trainer import checkpoint, heartbeat
 from trainer.accel import amp_dtype, configure_backends, prepare_model, wrap_ddp
 from trainer.bad_videos import BadVideos
 from trainer.checkpoint import CheckpointWriter
@@ -65,6 +65,7 @@ from trainer.distributed import (
 from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.errors import Preempted, reading_checkpoint, report_user_errors
 from trainer.model_setup import apply_training_controls, build_model_from_config
+from trainer.pace import StepClock
 from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
 from trainer.resume import EpochProgress, load_resume_state
@@ -212,6 +213,7 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest) -> Run:
                  "" if progress is None else f" (mid-epoch: {progress.batches} batch(es) of epoch "
                                              f"{start_epoch + 1} done)")
 
+    state.clock = start_clock(raw_model, ctx, state.step, train.CHECKPOINT_MINUTES)
     steps_per_epoch = epoch_steps[min(start_epoch, train.EPOCH_NUM - 1)]
     log_startup(cfg, ctx, steps_per_epoch, lr, out)
     reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM, sum(epoch_steps), writer is not None)
@@ -227,6 +229,14 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest) -> Run:
               best_top1)
     record_bad_videos(run, BadVideos.from_checkpoint(resume).items())
     return run
+
+
+def start_clock(model: nn.Module, ctx: DistContext, step: int, checkpoint_minutes: float) -> StepClock:
+    """This attempt's step clock (trainer.pace) on the model's gradients, in this process's heartbeat from now on."""
+    clock = StepClock(ctx.device, start_step=step, checkpoint_every_s=60.0 * checkpoint_minutes)
+    clock.attach(model)
+    heartbeat.measure(lambda: clock.effort)
+    return clock
 
 
 def run_epoch(run: Run, epoch: int) -> None:
@@ -278,11 +288,12 @@ def run_epoch(run: Run, epoch: int) -> None:
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
     if save or is_best:
-        if run.writer is not None:
-            run.writer.submit(checkpoint.build_checkpoint(
-                run.raw_model, state, epoch=done, best_top1=run.best_top1, config_yaml=run.config_yaml,
-                metrics=metrics, inference=run.inference, bad_videos=run.bad_videos.record()), done, is_best)
-        run.control.checkpointed()
+        with state.clock.stalled():
+            if run.writer is not None:
+                run.writer.submit(checkpoint.build_checkpoint(
+                    run.raw_model, state, epoch=done, best_top1=run.best_top1, config_yaml=run.config_yaml,
+                    metrics=metrics, inference=run.inference, bad_videos=run.bad_videos.record()), done, is_best)
+            run.control.checkpointed()
 
 
 def record_bad_videos(run: Run, bad: list[tuple[str, str]]) -> None:
@@ -298,7 +309,8 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     """What every rank does after an optimizer step: agree on a checkpoint or a stop (one all-reduce), report the
     step, record a restarted attempt after its first step."""
     state = run.state
-    verdict = run.control.agree(step_clips)
+    with state.clock.waiting():
+        verdict = run.control.agree(step_clips)
     run.reporter.step_done(state.step, verdict.clips, state.scheduler.get_last_lr()[0])
     if not run.stepped:
         run.stepped = True
@@ -324,14 +336,15 @@ def save_mid_epoch(run: Run, epoch: int, epoch_lr: float, tally: EpochTally) -> 
     """Every rank: a checkpoint of this very step, with where the epoch stands on every rank (the writers write it)."""
     # Both copies hold rank 0's BatchNorm statistics. Training never reads them, and every rank takes rank 0's at the
     # epoch's end anyway, so the final weights are those of a run without mid-epoch checkpoints.
-    broadcast_buffers(run.raw_model)
-    progress = EpochProgress.capture(run.ctx, epoch, epoch_lr, tally)
-    run.control.checkpointed()
-    if run.writer is not None:
-        run.writer.submit(checkpoint.build_checkpoint(
-            run.raw_model, run.state, epoch=epoch, best_top1=run.best_top1, config_yaml=run.config_yaml, metrics={},
-            inference=run.inference, bad_videos=run.bad_videos.record(), progress=progress.record()), epoch,
-            step=run.state.step)
+    with run.state.clock.stalled():
+        broadcast_buffers(run.raw_model)
+        progress = EpochProgress.capture(run.ctx, epoch, epoch_lr, tally)
+        run.control.checkpointed()
+        if run.writer is not None:
+            run.writer.submit(checkpoint.build_checkpoint(
+                run.raw_model, run.state, epoch=epoch, best_top1=run.best_top1, config_yaml=run.config_yaml,
+                metrics={}, inference=run.inference, bad_videos=run.bad_videos.record(), progress=progress.record()),
+                epoch, step=run.state.step)
 
 
 def stop_here(run: Run, epoch: int) -> NoReturn:

@@ -38,11 +38,13 @@ class Job:
     """A job's folders and supervisors on loopback; ``close`` ends every process of the job, by its folder."""
 
     def __init__(self, tmp_path: Path, nodes: int, spares: int = 0, node_wait: float = 20.0, max_restarts: int = 3,
-                 steps: int = 300, env: dict[str, str] | None = None, argv: tuple[str, ...] | None = None) -> None:
-        """``steps``: the stand-ins' first attempt (a tenth of a second each; a restarted attempt trains 10 more)."""
+                 steps: int = 300, env: dict[str, str] | None = None, argv: tuple[str, ...] | None = None,
+                 stragglers: dict[str, Any] | None = None) -> None:
+        """``steps``: the stand-ins' first attempt (a tenth of a second each; a restarted attempt trains 10 more);
+        ``stragglers``: the job description's straggler settings (trainer.runtime.straggler)."""
         homes = [str(tmp_path / f"home{i}") for i in range(nodes + spares)]
         spec = job(homes, spares=spares, net=NET, watch=WATCH,
-                   restarts={"max_restarts": max_restarts, "node_wait": node_wait})
+                   restarts={"max_restarts": max_restarts, "node_wait": node_wait}, stragglers=stragglers or {})
         self.plans = plans(spec)
         self.folders: dict[str, str] = {}
         for name, planned in self.plans.items():
@@ -106,6 +108,11 @@ class Job:
         """The newest record any member holds."""
         records = [s.record for s in map(nodestate.node_state, self.folders.values()) if s is not None]
         return max(records, key=lambda r: (r.term, r.version))
+
+    def beating(self, name: str) -> bool:
+        """A training process beats on ``name`` (the stand-in's signal handlers are in place before it beats)."""
+        folder = Path(self.folders[name]) / layout.HEARTBEAT_DIR
+        return folder.is_dir() and any(path.name.isdigit() for path in folder.iterdir())
 
     def running(self) -> list[str]:
         return [name for name in self.names if self.status(name)["state"] == "running"]

@@ -14,6 +14,10 @@ exits 75; SIGTERM (the attempt is over: the real trainer has lost its peers by t
 end exits 0.
 STANDIN_EXIT="ATTEMPT:STEP:RC" makes attempt ATTEMPT exit with status RC at step STEP (its status.json says it failed,
 with a traceback's last line, as the real one does).
+Its steps go through the real step clock (trainer/pace.py) into its heartbeat, as data-parallel steps would: each step
+computes for STANDIN_STEP_S, then waits for the slowest node of the attempt. STANDIN_SLOW names a JSON file a test may
+write at any time, ``{"ip": IP, "factor": F}``: the node at IP computes F times as long, so every node of an attempt
+with it takes F times as long per step, and the others wait in the all-reduce (a straggler).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from trainer.heartbeat import start_heartbeat
+from trainer.heartbeat import measure, start_heartbeat
+from trainer.pace import StepClock
 from trainer.runtime.contract import ATTEMPT_ENV, COPY_NODE_RANK, EXIT_PREEMPTED, STATUS_FILE, TRAINER_ENV
 
 STEPS_PER_EPOCH = 10
@@ -41,6 +46,7 @@ def write(path: Path, payload: dict[str, object]) -> None:
 class StandIn:
     def __init__(self, argv: list[str]) -> None:
         self.rank = int(argv[argv.index("DDP_CONFIG.WORLD_RANK") + 1]) if "DDP_CONFIG.WORLD_RANK" in argv else 0
+        self.urls = json.loads(argv[argv.index("DDP_CONFIG.WOLRD_URLS") + 1]) if "DDP_CONFIG.WOLRD_URLS" in argv else []
         self.run = Path(os.environ["STANDIN_RUN_DIR"])
         self.run.mkdir(parents=True, exist_ok=True)
         self.steps = int(os.environ.get("STANDIN_STEPS", "40"))
@@ -53,6 +59,32 @@ class StandIn:
         self.step = self.resumed
         if self.attempt > 0:
             self.steps = self.resumed + int(os.environ.get("STANDIN_MORE_STEPS", "10"))
+        self.clock = StepClock(None, start_step=self.resumed, checkpoint_every_s=0.0)
+
+    def factors(self) -> tuple[float, float]:
+        """(this node's compute factor, the attempt's step factor): STANDIN_SLOW's straggler, if in this attempt."""
+        try:
+            slow = json.loads(Path(os.environ.get("STANDIN_SLOW", "")).read_text())
+        except (OSError, ValueError):
+            return 1.0, 1.0
+        if slow["ip"] not in self.urls:
+            return 1.0, 1.0
+        mine = self.urls[self.rank] == slow["ip"] if self.rank < len(self.urls) else False
+        return (float(slow["factor"]) if mine else 1.0), float(slow["factor"])
+
+    def train_step(self) -> None:
+        """One step through the step clock: compute, then wait for the attempt's slowest node."""
+        own, slowest = self.factors()
+        self.clock.batch_ready()
+        time.sleep(self.step_s * own)
+        self.clock.backward_done()
+        with self.clock.waiting():
+            time.sleep(self.step_s * (slowest - own))
+        self.step += 1
+        if self.step % self.every == 0:
+            with self.clock.stalled():
+                self.checkpoint()
+        self.clock.step_done()
 
     def status(self, state: str, message: str = "") -> None:
         if self.rank == 0:
@@ -88,16 +120,14 @@ class StandIn:
         signal.signal(signal.SIGTERM, self.lost_peers)
         signal.signal(signal.SIGUSR1, self.preempted)
         start_heartbeat()
+        measure(lambda: self.clock.effort)
         planned = os.environ.get("STANDIN_EXIT", "")
         fail_attempt, fail_step, fail_rc = (int(x) for x in planned.split(":")) if planned else (-1, -1, 0)
         self.status("running")
         while self.step < self.steps:
-            time.sleep(self.step_s)
-            self.step += 1
+            self.train_step()
             if self.step == self.resumed + 1:
                 self.record_attempt()
-            if self.step % self.every == 0:
-                self.checkpoint()
             self.status("running")
             if self.attempt == fail_attempt and self.step == fail_step:
                 self.status("failed", "RuntimeError: [../third_party/gloo/...] Connection closed by peer GLHF!")

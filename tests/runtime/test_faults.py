@@ -25,10 +25,12 @@ CKPT = 5  # the stand-in's steps between two checkpoints
 
 
 def started(make: Callable[..., Job], nodes: int, spares: int = 0, at_step: int = 12, **kwargs: object) -> Job:
-    """A job whose every member runs, its rank 0 at ``at_step`` at least."""
+    """A job whose every member runs, its rank 0 at ``at_step`` at least, every trainer beating."""
     job = make(nodes, spares, **kwargs)
     job.start_all()
     wait_until(lambda: job.step("n0") >= at_step, 60, f"rank 0 at step {at_step}", job.logs)
+    trainers = job.names[:nodes]
+    wait_until(lambda: all(job.beating(name) for name in trainers), 30, "every trainer beating", job.logs)
     return job
 
 
@@ -136,4 +138,4 @@ def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callab
     assert cause is not None and cause.kind == Kind.PREEMPTED and record.restarts == 1
     attempt = resumed_from_a_checkpoint(job, "n0")
     assert attempt["steps_lost"] == 0 and attempt["resumed_step"] == cause.failed_step
-    assert all("the trainer exited with status 75" in job.log(name) for name in job.names)
+    assert all("the trainer exited with status 75" in job.log(name) for name in job.names), job.logs()

@@ -22,7 +22,7 @@ def plan(nodes: int = 2, spares: int = 0, **extra: Any) -> NodePlan:
 def report(node: str, trainer: Trainer, trouble: Trouble | None = None, **fields: Any) -> Report:
     """A member's report to the hub."""
     given = {"says": Says.REPORT, "node": node, "term": 0, "addr": f"{node}:1", "version": 0, "trainer": trainer,
-             "trouble": trouble, "progress": None, "port_offer": None, "record": None}
+             "trouble": trouble, "progress": None, "port_offer": None, "record": None, "pace": None}
     return Report(**{**given, **fields})
 
 

@@ -31,7 +31,8 @@ from trainer.data.loader import set_loader_epoch, skip_batches
 from trainer.errors import UserError
 from trainer.reporting import attempt_from_env, read_metrics, read_records
 from trainer.resume import NodeCheckpoints, choose_checkpoint
-from trainer.runtime.contract import ATTEMPT_ENV
+from trainer.runtime.contract import ATTEMPT_ENV, HEARTBEAT_INTERVAL_ENV
+from trainer.runtime.pace import read_beat
 
 EPOCHS = 3  # 6 optimizer steps each: 12 clips per rank in batches of 2
 EVERY_STEP = 1e-6  # CHECKPOINT_MINUTES so short that a checkpoint is due after every step
@@ -142,12 +143,16 @@ def test_sigterm_to_one_worker_stops_every_rank_at_one_step_and_the_resume_loses
     cfg = config(synthetic_dataset, tmp_path, "run")
     run_dir, heartbeats = tmp_path / "run", tmp_path / "heartbeats"
     heartbeats.mkdir()
-    proc = start(cfg, heartbeats)
+    proc = start(cfg, heartbeats, **{HEARTBEAT_INTERVAL_ENV: "0.2"})
     wait_for(lambda: (run_dir / "checkpoints" / "epoch_0001.pth").exists(), [proc], "the first epoch's checkpoint")
     with frozen([proc]):
         rank0 = json.loads((run_dir / "status.json").read_text())["pid"]
         rank1 = {int(f.name) for f in heartbeats.iterdir() if f.name.isdigit()} - {proc.pid, rank0}
         assert len(rank1) == 1, rank1
+        # each rank's heartbeat carries its step clock's sums (trainer/pace.py: what the hub paces the nodes by)
+        efforts = [beat.effort for pid in (rank0, *rank1) if (beat := read_beat(heartbeats / str(pid))) is not None]
+        assert len(efforts) == 2 and all(e is not None and e.steps >= 1 and e.compute_s > 0 and e.start_step == 0
+                                         for e in efforts), efforts
         os.kill(rank1.pop(), signal.SIGTERM)
     code, _, err = finish(proc)
     status = json.loads((run_dir / "status.json").read_text())

@@ -14,6 +14,11 @@ Phases of an attempt:
     waiting   for a lost node to come back (no spare), or for a majority of members to start the next attempt;
     ended     ``record.end`` says how.
 
+While an attempt runs the hub also scores every node's pace against the others' (trainer.runtime.pace) and names a
+node slow for a whole window a straggler: in the record, and, when the rules allow (trainer.runtime.straggler), swapped
+for a spare: the attempt stops with a checkpoint at a common step and the next one starts with the spare in its rank,
+as a lost node is replaced. At each new attempt and at the end it writes the job's goodput (trainer.runtime.goodput).
+
 An attempt starts only while a majority of the job's members (trainers and spares) have been heard within the lease
 (trainer.runtime.timing): two groups of nodes cut off from each other can never both train (see
 trainer.runtime.supervisor).
@@ -25,11 +30,24 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from trainer.runtime import layout
+from trainer.runtime import goodput, layout, schema, straggler
 from trainer.runtime.messages import Report, Trainer, TrainerState
+from trainer.runtime.pace import PaceBook, rounded
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.policy import Action, decide
-from trainer.runtime.record import SCHEMA, Attempt, Cause, End, EndState, Failure, JobRecord, Kind, Phase
+from trainer.runtime.record import (
+    SCHEMA,
+    Attempt,
+    Cause,
+    End,
+    EndState,
+    Failure,
+    Goodput,
+    JobRecord,
+    Kind,
+    Phase,
+    Spent,
+)
 from trainer.runtime.schema import JsonObject
 from trainer.runtime.verdict import exit_failure, first_failure, words
 
@@ -51,7 +69,8 @@ def new_record(plan: NodePlan, wall: float) -> JobRecord:
         assignment=assignment, rendezvous=rendezvous, world_urls=world_urls(plan, assignment), directory={},
         restarts=0, max_restarts=plan.restarts.max_restarts, lost={},
         attempts=(Attempt(attempt=0, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=None),),
-        first_failure=None, detected_at=None, failed_step=None, waiting="", end=None,
+        first_failure=None, detected_at=None, failed_step=None, waiting="", end=None, stragglers={}, spent=(),
+        goodput=None,
     )
 
 
@@ -95,6 +114,8 @@ class Hub:
         self.took_over = lost_hub is not None
         self.acted = False  # has this hub changed the job (an attempt, an end)? Then it adopts no other record.
         self.base = record  # the newest record adopted so far
+        self.paces = PaceBook(plan.stragglers.span(self.timings.report_every))
+        self.slow = straggler.Watch(plan.stragglers)
         self._change(term=term, hub=plan.node)
         if lost_hub is not None and lost_hub != plan.node:
             why = f"the job's hub there stopped answering (nothing heard for {self.timings.loss:.0f} s)"
@@ -115,6 +136,7 @@ class Hub:
             self._change(directory={**self.record.directory, node: report.addr})
         if node == self.record.rank0 and report.progress is not None:
             self.progress = report.progress
+        self.paces.heard(node, report.pace, now)
 
     def adopt(self, record: JobRecord) -> None:
         """A newer record of the job from a joining member: a hub that took over learns the job from its members,
@@ -133,6 +155,8 @@ class Hub:
         phase = self.record.phase
         if phase == Phase.RUNNING:
             self._check_running(now, wall)
+            if self.record.phase == Phase.RUNNING and not self.failures:
+                self._check_stragglers(now, wall)
         elif phase == Phase.STOPPING:
             self._check_stopping(now, wall)
         elif phase == Phase.WAITING:
@@ -153,19 +177,29 @@ class Hub:
     def first(self) -> Failure | None:
         return first_failure(self.failures)
 
-    def snapshot(self, now: float) -> JsonObject:
-        """The hub's picture for watch.json and the follow."""
+    def snapshot(self, now: float, wall: float) -> JsonObject:
+        """The hub's picture for watch.json and the follow: each member, the attempt's failures, the quorum, each
+        node's pace, and the job's goodput so far."""
         fresh, needed = self.quorum(now)
+        paces = rounded(self.paces.paces(self.record.attempt, self.record.assignment))
         members = {}
         for name, view in self.members.items():
             trainer = view.report.trainer if view.report is not None else None
             members[name] = {"heard_ago": None if view.heard is None else round(now - view.heard, 1),
                              "trainer": trainer.state.value if trainer else "none",
-                             "attempt": trainer.attempt if trainer else None, "rank": self.record.rank_of(name)}
+                             "attempt": trainer.attempt if trainer else None, "rank": self.record.rank_of(name),
+                             "pace": paces.get(name)}
         first = self.first()
         return {"members": members, "failures": [dataclasses.asdict(f) for f in self.failures],
                 "first_failure": None if first is None else dataclasses.asdict(first),
-                "quorum": {"fresh": fresh, "needed": needed}, "lease": self.timings.lease}
+                "quorum": {"fresh": fresh, "needed": needed}, "lease": self.timings.lease,
+                "goodput": schema.dump(self.goodput_until(wall))}
+
+    def goodput_until(self, wall: float) -> Goodput:
+        """The job's goodput up to ``wall`` (as of its end, once it ended)."""
+        if self.record.end is not None and self.record.goodput is not None:
+            return self.record.goodput
+        return goodput.account(self.record, self.paces.effort(self.record.attempt, self.record.assignment), wall)
 
     # -- running ---------------------------------------------------------------------------------------------------
 
@@ -214,7 +248,7 @@ class Hub:
                     kind, reason = exit_failure(trainer.rc)
                     self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
         if len(finished) == len(self.record.assignment):
-            self._end(EndState.FINISHED, f"attempt {attempt} trained to the end on every node")
+            self._end(EndState.FINISHED, f"attempt {attempt} trained to the end on every node", wall)
             return
         if not self.failures:
             return
@@ -228,6 +262,30 @@ class Hub:
             self._change(phase=Phase.STOPPING, first_failure=first, detected_at=wall,
                          failed_step=_step(self.progress))
             self.phase_since = now
+
+    # -- stragglers --------------------------------------------------------------------------------------------------
+
+    def _check_stragglers(self, now: float, wall: float) -> None:
+        """Name the nodes slow for a whole window; swap one for a spare when the rules allow: every node's trainer
+        checkpoints at a common step first (trainer.runtime.straggler, .node.stop_signal)."""
+        paces = self.paces.paces(self.record.attempt, self.record.assignment)
+        turn = straggler.turn(self.slow, self.record, paces, next(iter(self._spares(now)), None), now, wall)
+        for line in turn.said:
+            self.log(line)
+        if turn.swap is None:
+            if turn.stragglers != self.record.stragglers:
+                self._change(stragglers=turn.stragglers)
+            return
+        failure = Failure(turn.swap, Kind.SLOW, straggler.swap_reason(turn.stragglers[turn.swap], self.slow.rules),
+                          wall)
+        self.failures.append(failure)  # a real failure while the attempt stops is named instead (verdict.TIERS)
+        self._change(phase=Phase.STOPPING, first_failure=failure, detected_at=wall, failed_step=_step(self.progress),
+                     stragglers=turn.stragglers)
+        self.phase_since = now
+
+    def _spares(self, now: float) -> list[str]:
+        """Members that could take a rank in the next attempt: available, and not in this one."""
+        return [node for node in self._available(now) if node not in self.record.assignment]
 
     # -- stopping and deciding -------------------------------------------------------------------------------------
 
@@ -264,9 +322,11 @@ class Hub:
             self._decide(now, wall)
 
     def _available(self, now: float) -> list[str]:
-        """Members that could join the next attempt: heard recently, not lost, trainer not running."""
+        """Members that could join the next attempt: heard recently, not lost, not named a straggler, trainer not
+        running."""
         return [m.name for m in self.plan.members
-                if m.name not in self.record.lost and self._silent(self.members[m.name], now) is None
+                if m.name not in self.record.lost and m.name not in self.record.stragglers
+                and self._silent(self.members[m.name], now) is None
                 and self.members[m.name].heard is not None and not self.members[m.name].running()]
 
     def _decide(self, now: float, wall: float) -> None:
@@ -280,7 +340,7 @@ class Hub:
         )
         if decision.action == Action.END:
             assert decision.end_state is not None
-            self._end(decision.end_state, decision.reason)
+            self._end(decision.end_state, decision.reason, wall)
         elif decision.action == Action.WAIT:
             if record.phase != Phase.WAITING:
                 self.log(decision.reason)
@@ -288,7 +348,7 @@ class Hub:
                 self._change(phase=Phase.WAITING, waiting=decision.reason)
                 self.phase_since = now
         else:
-            self._restart(decision.assignment, decision.reason, now, wall)
+            self._restart(decision.assignment, decision.replaced, decision.reason, now, wall)
 
     def _welcome_back(self, now: float) -> None:
         """Lost members heard again since they were lost, with no trainer running, may take part again."""
@@ -300,7 +360,8 @@ class Hub:
                 self.lost_at.pop(node, None)
             self._change(lost={n: why for n, why in self.record.lost.items() if n not in back})
 
-    def _restart(self, assignment: dict[str, int], reason: str, now: float, wall: float) -> None:
+    def _restart(self, assignment: dict[str, int], replaced: Mapping[str, str], reason: str, now: float,
+                 wall: float) -> None:
         if self.took_over and now - self.started < self.timings.takeover_wait:
             return  # a hub that took over lets the old attempt's last processes end first (trainer.runtime.timing)
         if not self.has_quorum(now):
@@ -311,7 +372,7 @@ class Hub:
                 self._change(phase=Phase.WAITING, waiting=f"a majority of members ({fresh} heard, {needed} needed)")
             elif self.majority_until is not None and now > self.majority_until:
                 self._end(EndState.FAILED, f"{reason}; but only {fresh} of the job's {len(self.members)} members "
-                          f"could be heard ({needed} needed) for {self.plan.restarts.node_wait:.0f} s")
+                          f"could be heard ({needed} needed) for {self.plan.restarts.node_wait:.0f} s", wall)
             return
         rank0 = next(node for node, rank in assignment.items() if rank == 0)
         ip = next(m.ip for m in self.plan.members if m.name == rank0)
@@ -327,16 +388,25 @@ class Hub:
         self.log(f"attempt {attempt}: {reason}")
         self.failures, self.first_seen, self.wait_until, self.majority_until = [], None, None, None
         self.acted = True
+        self.slow.reset()
         self._change(attempt=attempt, phase=Phase.RUNNING, assignment=assignment, rendezvous=rendezvous,
                      world_urls=world_urls(self.plan, assignment), attempts=(*self.record.attempts, entry),
                      restarts=self.record.restarts + 1, first_failure=None, detected_at=None, failed_step=None,
-                     waiting="")
+                     waiting="", stragglers=straggler.swapped(self.record, replaced), spent=self._spent())
+        self._change(goodput=goodput.account(self.record, None, wall))
         self.phase_since = now
 
-    def _end(self, state: EndState, reason: str) -> None:
+    def _spent(self) -> tuple[Spent, ...]:
+        """The efforts of the ended attempts, the current one's added (it is over)."""
+        effort = self.paces.effort(self.record.attempt, self.record.assignment)
+        return self.record.spent if effort is None else (*self.record.spent, Spent(self.record.attempt, effort))
+
+    def _end(self, state: EndState, reason: str, wall: float) -> None:
         self.acted = True
         self.log(f"the job {state}: {reason}")
-        self._change(phase=Phase.ENDED, end=End(state=state, reason=reason, first_failure=self.first()))
+        self._change(phase=Phase.ENDED, end=End(state=state, reason=reason, first_failure=self.first()),
+                     spent=self._spent())
+        self._change(goodput=goodput.account(self.record, None, wall))
 
     def _change(self, **fields: object) -> None:
         self.record = self.record.changed(**fields)

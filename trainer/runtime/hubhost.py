@@ -38,9 +38,10 @@ class HubHost:
                     and view.heard is not None and now - view.heard < self.hub.timings.loss
                     and self.acked.get(name, 0) < version]
 
-    def snapshot(self, now: float, joins: Mapping[str, int], refused: Mapping[str, int], addr: str) -> JsonObject:
+    def snapshot(self, now: float, wall: float, joins: Mapping[str, int], refused: Mapping[str, int],
+                 addr: str) -> JsonObject:
         """watch.json: the hub's picture, the connections each member opened, the refusals, where it listens."""
-        picture = self.hub.snapshot(now)
+        picture = self.hub.snapshot(now, wall)
         for name, member in picture["members"].items():
             member["links"] = joins.get(name, 0)
         return {**picture, "record": self.hub.record.to_json(), "progress": self.hub.progress,

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from trainer.runtime import schema
+from trainer.runtime.pace import Pace
 from trainer.runtime.record import End, JobRecord, Kind
 from trainer.runtime.schema import JsonObject
 
@@ -84,6 +85,7 @@ class Report:
     progress: JsonObject | None  # rank 0's status.json (only the rank-0 node sends it)
     port_offer: int | None  # a free port here: the next attempt's rendezvous if this node gets rank 0
     record: JobRecord | None  # a join: the record this member holds (a hub that took over learns the job from it)
+    pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.pace)
 
     def __post_init__(self) -> None:
         if self.says not in (Says.JOIN, Says.REPORT):

@@ -2,11 +2,13 @@
 
 The supervisor calls ``reconcile`` with every record it hears and ``poll`` every tick; the node starts the trainer for
 an attempt that assigns it a rank (once per attempt), stops it when the record no longer wants it, notices when it
-exits or freezes, and says so in ``trainer`` and ``trouble``, which go to the hub in the member's reports.
+exits or freezes, and says so in ``trainer``, ``trouble`` and ``pace`` (what its steps spend their time on:
+trainer.runtime.pace, from the trainer's heartbeats), which go to the hub in the member's reports.
 
-Stopping: a trainer that is stopped because the attempt is over gets SIGTERM; one stopped for a user or a
-preemption gets SIGUSR1 (the trainer then checkpoints at a step every rank agrees on and exits with status 75); a
-frozen one gets SIGKILL. Whatever is left after the plan's stop grace gets SIGKILL.
+Stopping: a trainer that is stopped because the attempt is over gets SIGTERM; one stopped for a user, a preemption
+or a straggler's swap (trainer.runtime.straggler) gets SIGUSR1 (the trainer then checkpoints at a step every rank
+agrees on and exits with status 75); a frozen one gets SIGKILL. Whatever is left after the plan's stop grace gets
+SIGKILL.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from trainer.runtime.contract import (
 )
 from trainer.runtime.messages import IDLE, Trainer, TrainerState, Trouble
 from trainer.runtime.nodestate import read_json
+from trainer.runtime.pace import Beat, Pace, node_effort, read_beat
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import JobRecord, Kind, Phase
 from trainer.runtime.schema import JsonObject
@@ -61,6 +64,13 @@ def attempt_env(attempt: int, record: JobRecord) -> dict[str, str]:
     return {ATTEMPT_ENV: json.dumps(told)}
 
 
+def stop_signal(record: JobRecord) -> signal.Signals:
+    """How the record wants a trainer stopped: SIGUSR1 (a checkpoint at a common step first) when the hub stops the
+    attempt to swap a straggler, SIGTERM otherwise (the attempt failed: its peers are gone or going)."""
+    swap = record.end is None and record.first_failure is not None and record.first_failure.kind == Kind.SLOW
+    return signal.SIGUSR1 if swap else signal.SIGTERM
+
+
 class Node:
     def __init__(self, plan: NodePlan, say: Callable[[str], None]) -> None:
         self.plan = plan
@@ -73,6 +83,7 @@ class Node:
         self.started_attempts: set[int] = set()
         self.stop_deadline: float | None = None
         self.stop_asked = False  # a user's stop or a preemption: the trainer must not be started again here
+        self.last_pace: Pace | None = None  # its trainer's effort as last read (kept after it exits)
 
     @property
     def running(self) -> bool:
@@ -87,7 +98,7 @@ class Node:
             self.start(attempt, rank, record)
         elif self.running and (not wanted or self.trainer.attempt != attempt):
             why = record.end.reason if record.end is not None else f"attempt {self.trainer.attempt} is over"
-            self.stop(why, signal.SIGTERM)
+            self.stop(why, stop_signal(record))
 
     def start(self, attempt: int, rank: int, record: JobRecord) -> None:
         beats = Path(self.job_dir) / layout.HEARTBEAT_DIR
@@ -163,16 +174,21 @@ class Node:
 
     def _frozen(self) -> tuple[int, float] | None:
         """(pid, seconds) of a live training process whose heartbeat is older than the heartbeat timeout."""
-        folder = Path(self.job_dir) / layout.HEARTBEAT_DIR
-        for beat in folder.iterdir() if folder.is_dir() else []:
-            try:
-                pid, written = int(beat.name), float(beat.read_text())
-            except (OSError, ValueError):
-                continue  # being written, or not a heartbeat
-            age = time.monotonic() - written
+        for pid, beat in self._beats():
+            age = time.monotonic() - beat.at
             if age > self.timings.loss and Path(f"/proc/{pid}").exists():
                 return pid, age
         return None
+
+    def _beats(self) -> list[tuple[int, Beat]]:
+        """(pid, heartbeat) of every training process that beats here (trainer.runtime.pace.Beat)."""
+        folder = Path(self.job_dir) / layout.HEARTBEAT_DIR
+        beats = []
+        for path in folder.iterdir() if folder.is_dir() else []:
+            beat = read_beat(path) if path.name.isdigit() else None
+            if beat is not None:  # else: being written, or not a heartbeat
+                beats.append((int(path.name), beat))
+        return beats
 
     def kill_now(self) -> None:
         """Every training process of the job on this node, now (the supervisor is going away)."""
@@ -187,6 +203,17 @@ class Node:
         if progress is not None and len(json.dumps(progress)) > PROGRESS_LIMIT:
             progress = {key: progress[key] for key in PROGRESS_KEYS if key in progress}
         return progress
+
+    def pace(self) -> Pace | None:
+        """Its trainer's effort in its current attempt, once every training process has one (the last one read,
+        after the trainer exits)."""
+        attempt = self.trainer.attempt
+        if self.running and attempt is not None:
+            effort = node_effort((beat.effort for _, beat in self._beats() if beat.effort is not None),
+                                 self.plan.workers)
+            if effort is not None:
+                self.last_pace = Pace(attempt=attempt, effort=effort)
+        return self.last_pace if self.last_pace is not None and self.last_pace.attempt == attempt else None
 
     def port_offer(self) -> int | None:
         with contextlib.suppress(OSError):

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainer.runtime import schema
+from trainer.runtime.straggler import Rules
 from trainer.runtime.timing import Timings
 
 SCHEMA = 1
@@ -91,6 +92,7 @@ class NodePlan:
     paths: Paths
     watch: Watch
     restarts: Restarts
+    stragglers: Rules  # when a node is named slow, and what the hub does then (trainer.runtime.straggler)
     data_paths: tuple[tuple[str, str], ...]  # (config key, path) of every input the config reads
 
     def __post_init__(self) -> None:

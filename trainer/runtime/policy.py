@@ -5,12 +5,14 @@ In order:
 1. a user's stop ends the job (stopped); a bad input (the trainer's exit status 2) ends it (failed): a restart
    cannot fix either;
 2. no restart left (``max_restarts`` used) ends it;
-3. a node is replaced by a spare when it was lost, or when it fails again in the attempt after a restart; the spare
+3. a node is replaced by a spare when it was lost, when it fails again in the attempt after a restart, or when the
+   hub stopped the attempt to swap it as a straggler (kind slow: trainer.runtime.straggler); the spare
    takes its node rank (the world size never changes, so neither does the global batch). When the rank-0 node is
    replaced, rank 0 goes to the node that had rank 1 (it holds the second copy of the checkpoints and the run's
    history) and the spare takes rank 1; every other node keeps its rank;
 4. without a spare: a lost node is waited for (``node_wait`` seconds), then the job ends; a node that failed the same
-   way twice in a row ends the job; a node that failed again in another way is given another try;
+   way twice in a row ends the job; a node that failed again in another way is given another try; a straggler
+   trains on;
 5. otherwise the same nodes restart in the same ranks.
 Every restart counts toward ``max_restarts``, preemptions included.
 """
@@ -87,12 +89,15 @@ def decide(
     replaced: dict[str, str] = {}
     waiting: list[str] = []
     for node in sorted(assignment, key=lambda n: assignment[n]):
-        if node not in lost and not (again and node == first.node):
+        slow = first.kind == Kind.SLOW and node == first.node
+        if node not in lost and not (again and node == first.node) and not slow:
             continue
         if spares:
             replaced[node] = spares.pop(0)
         elif node in lost:
             waiting.append(node)
+        elif slow:
+            continue
         elif previous is not None and same_way(previous, first):
             return Decision(Action.END, f"{said}, the same way as in the attempt before, and no spare can replace "
                             "it", end_state=EndState.FAILED)

@@ -3,8 +3,10 @@
 
 It says which attempt runs and in which phase, which member has which node rank, the attempt's rendezvous, every
 attempt so far and what ended the one before, the restarts used, the members lost, where each member's supervisor
-listens, and how the job ended. Its ``version`` grows with every change and its ``term`` with every new hub, so
-``newer_than`` orders any two records of a job; a hub that takes over carries on from the newest a member kept.
+listens, and how the job ended; the nodes named slow (trainer.runtime.straggler), what each attempt's trainers spent
+(trainer.runtime.pace) and the job's goodput (trainer.runtime.goodput). Its ``version`` grows with every change and
+its ``term`` with every new hub, so ``newer_than`` orders any two records of a job; a hub that takes over carries on
+from the newest a member kept.
 
 A record is read from the watch and from a node's state.json only through ``JobRecord.read`` (trainer.runtime.schema:
 exactly these fields, each of its type): a malformed one is refused, never adopted. Everything else reads its fields.
@@ -25,8 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 from trainer.runtime import schema
+from trainer.runtime.pace import Effort
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 class Phase(StrEnum):
@@ -52,6 +55,7 @@ class Kind(StrEnum):
     FROZEN = "frozen"
     LOST = "lost"
     EXITED = "exited"
+    SLOW = "slow"  # named a straggler and swapped for a spare (trainer.runtime.straggler): not a failure of its own
 
 
 class RecordError(schema.SchemaError):
@@ -97,6 +101,46 @@ class End:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A node the hub named slow (trainer.runtime.straggler); it is never chosen again for this job."""
+
+    named_at: float  # wall clock
+    pace: float  # its time per step against the median of the other nodes', when named
+    slow_for: float  # seconds it had been slow then
+    replaced_by: str  # the spare that took its rank ("" while it trains on)
+    replaced_at: float | None  # wall clock: the hub asked for the swap
+    note: str  # why it trains on ("" once replaced)
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What an ended attempt's trainers spent (trainer.runtime.pace), as its slowest node last reported."""
+
+    attempt: int
+    effort: Effort
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """The job's time from its launch (trainer.runtime.goodput): what advanced training, and what was lost where;
+    the parts add up to ``wall_s``."""
+
+    wall_s: float
+    trained_s: float  # optimizer steps that count (computing, and the all-reduce waits of those steps)
+    startup_s: float  # the launch to the first attempt's first batch
+    detection_s: float  # failures' last signs of life to the hub naming them
+    restart_s: float  # the hub naming a failure to the next attempt's first batch
+    recomputed_s: float  # steps trained again: after the checkpoint the next attempt resumed from
+    checkpoint_s: float  # steps stalled by checkpoints
+    data_s: float  # steps waiting for data
+    other_s: float  # the rest: evaluation, epoch ends, steps not yet reported when a failure came
+    failures: int  # unplanned interruptions (not preemptions, user stops or swaps)
+    checkpoint_every_s: float  # the configured interval (CHECKPOINT_MINUTES; 0: epoch ends only)
+    young_daly_s: float | None  # the interval that loses least at the measured checkpoint cost and failure rate
+    suggestion: str  # "" unless the configured interval is far from it
+
+
+@dataclass(frozen=True)
 class JobRecord:
     schema: int
     version: int
@@ -118,6 +162,9 @@ class JobRecord:
     failed_step: int | None  # the last step rank 0 had reported then
     waiting: str  # what the attempt waits for (waiting)
     end: End | None
+    stragglers: dict[str, Straggler]  # node -> when it was named slow, and whether a spare replaced it
+    spent: tuple[Spent, ...]  # the ended attempts' efforts
+    goodput: Goodput | None  # as of the last attempt's start, or the end
 
     def __post_init__(self) -> None:
         if self.schema != SCHEMA:

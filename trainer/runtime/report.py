@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer.runtime import schema
-from trainer.runtime.record import End, EndState, JobRecord, Phase, RecordError
+from trainer.runtime.record import End, EndState, Goodput, JobRecord, Phase, RecordError
 from trainer.runtime.schema import SchemaError
 
 SHOWN_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")
@@ -70,7 +70,7 @@ def silent_members(status: Mapping[str, Any]) -> list[str]:
 
 def progress_key(status: Mapping[str, Any]) -> str:
     """What the follow prints a new line for: the node's state, the job's record, the epoch, a tenth of an epoch,
-    members falling silent or coming back."""
+    members falling silent or coming back, a straggler named or swapped."""
     record = record_of(status)
     progress = status.get("progress") or {}
     per_epoch = int(progress.get("steps_per_epoch") or 0)
@@ -79,7 +79,7 @@ def progress_key(status: Mapping[str, Any]) -> str:
     place = (record.term, record.attempt, record.phase.value) if record is not None else (None, None, None)
     return "|".join(str(part) for part in (
         status.get("state"), *place, progress.get("state"), progress.get("epoch"), bucket,
-        ",".join(silent_members(status))))
+        ",".join(silent_members(status)), straggler_words(record) if record is not None else ""))
 
 
 def trainer_progress(progress: Mapping[str, Any] | None) -> str:
@@ -137,6 +137,8 @@ def progress_line(status: Mapping[str, Any]) -> str:
     if not said and record is not None and record.cause is not None:
         cause = record.cause
         parts.append(f"{_attempt(record)}, after {cause.node} {cause.kind} (detected in {cause.detect_s:.1f} s)")
+    if record is not None and record.stragglers:
+        parts.append(straggler_words(record))
     watch = status.get("watch") or {}
     members = watch.get("members") or {}
     silent = silent_members(status)
@@ -164,6 +166,60 @@ def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
             + (f" at step {lost}" if lost is not None else "")
             + "; ranks " + ", ".join(f"{node}={rank}" for node, rank in entry.assignment.items()))
     return lines
+
+
+def straggler_words(record: JobRecord) -> str:
+    """'stragglers: n1 at 0.21x the others' pace for 62 s, replaced by n2' ('' when none was named)."""
+    said = []
+    for node, named in record.stragglers.items():
+        if named.replaced_by:
+            what = f"replaced by {named.replaced_by}"
+        elif named.replaced_at is not None:
+            what = "being swapped at a checkpoint"
+        else:
+            what = f"trains on ({named.note})" if named.note else "trains on"
+        said.append(f"{node} at {named.pace:.2f}x the others' pace for {named.slow_for:.0f} s, {what}")
+    return f"stragglers: {'; '.join(said)}" if said else ""
+
+
+def goodput_of(status: Mapping[str, Any]) -> Goodput | None:
+    """The job's goodput: the record's once the job ended, the hub's so far while it runs (None: not known here)."""
+    record = record_of(status)
+    if record is not None and record.end is not None:
+        return record.goodput
+    data = (status.get("watch") or {}).get("goodput")
+    if data is None:
+        return None
+    try:
+        return schema.parse(Goodput, data, "the hub's goodput")
+    except SchemaError:
+        return None
+
+
+def goodput_lines(goodput: Goodput | None) -> list[str]:
+    """The job's goodput in words: what trained, what was lost where (the parts add up to the wall time), and
+    Young/Daly's checkpoint interval when the configured one is far from it."""
+    if goodput is None or goodput.wall_s <= 0:
+        return []
+    share = 100.0 * goodput.trained_s / goodput.wall_s
+    lost = ", ".join(f"{words} {_duration(seconds)}" for words, seconds in (
+        ("start-up", goodput.startup_s), ("detection", goodput.detection_s), ("restarts", goodput.restart_s),
+        ("recomputed steps", goodput.recomputed_s), ("checkpoint stalls", goodput.checkpoint_s),
+        ("data waits", goodput.data_s), ("other (evaluation, epoch ends)", goodput.other_s)))
+    lines = [f"goodput {share:.1f}%: {_duration(goodput.trained_s)} of {_duration(goodput.wall_s)} trained; "
+             f"the rest: {lost}; {goodput.failures} failure(s)"]
+    if goodput.suggestion:
+        lines.append(f"checkpoints: {goodput.suggestion}")
+    return lines
+
+
+def summary_lines(status: Mapping[str, Any]) -> list[str]:
+    """A running job's attempts, stragglers and goodput so far, from its hub's status (training-status.yml)."""
+    record = record_of(status)
+    if record is None:
+        return []
+    named = straggler_words(record)
+    return [*attempt_lines(record), *([named] if named else []), *goodput_lines(goodput_of(status))]
 
 
 def describe(node: Mapping[str, Any]) -> str:
@@ -213,8 +269,9 @@ def rank0_of(states: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``{state, first, message, restarts}`` of a job from every node's state: how it ended, the node that failed
-    first, the words (with that node's log), and a line per restart."""
+    """``{state, first, message, restarts, summary}`` of a job from every node's state: how it ended, the node that
+    failed first, the words (with that node's log, the stragglers and the goodput), a line per restart, and the
+    stragglers' and goodput's lines."""
     best = freshest(states)
     record = record_of(best)
     end = record.end if record is not None else None
@@ -226,6 +283,9 @@ def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         first = record.first_failure
     lines = [f"The job {end.state if end else 'ended'}: {end.reason if end else 'no node knows why'}."]
     lines += [f"  {line}" for line in attempt_lines(record)]
+    named = straggler_words(record) if record is not None else ""
+    summary = ([named] if named else []) + goodput_lines(goodput_of(best))
+    lines += [f"  {line}" for line in summary]
     first_node = first.node if first is not None else ""
     others = [f"{name}: {describe(s)}" for name, s in states.items() if name != first_node]
     if others:
@@ -235,4 +295,4 @@ def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         lines.append(f"Last lines of {first_node}'s log ({failed.get('job_dir', '')}/train.log):")
         lines.extend(f"  {line}" for line in failed["log_tail"])
     return {"state": end.state.value if end else "", "first": first_node, "message": "\n".join(lines),
-            "restarts": attempt_lines(record)}
+            "restarts": attempt_lines(record), "summary": summary}

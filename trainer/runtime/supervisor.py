@@ -143,7 +143,7 @@ class Supervisor:
             self.record, self.progress = self.host.hub.record, self.host.hub.progress
             self.node.reconcile(self.record)
             nodestate.write_json(Path(self.job_dir) / layout.WATCH_FILE, self.host.snapshot(
-                now, self.listener.joins, self.listener.refusals.snapshot(), self.listener.addr))
+                now, time.time(), self.listener.joins, self.listener.refusals.snapshot(), self.listener.addr))
             if self.record.end is not None and not self.node.running and self.host.members_know_end(now):
                 self.finish(self.record.end, said=True)
         else:
@@ -181,7 +181,7 @@ class Supervisor:
         return Report(says=says, node=self.me, term=self.term if term is None else term, addr=self.listener.addr,
                       version=self.record.version, trainer=self.node.trainer, trouble=self.node.trouble,
                       progress=self.node.progress() if rank0 else None, port_offer=self.node.port_offer(),
-                      record=self.record if says == Says.JOIN else None)
+                      record=self.record if says == Says.JOIN else None, pace=self.node.pace())
 
     def adopt(self, reply: RecordReply) -> None:
         """The hub's answer: its record (newer ones only) and the run's progress."""

@@ -49,5 +49,5 @@ class FilterModule:
             "ddp_launch_end_report": report.end_report,
             "ddp_launch_job_lines": job_lines,
             "ddp_launch_progress": report.progress_line,
-            "ddp_launch_attempts": report.attempt_lines,
+            "ddp_launch_summary": report.summary_lines,
         }
