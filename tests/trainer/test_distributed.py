@@ -57,7 +57,9 @@ def ddp_cfg(out: Path, **ddp: Any) -> dict[str, Any]:
         "TIMEOUT_SECONDS": 60,
     }
     section.update(ddp)
-    return {"DDP_CONFIG": section, "CONFIG": {"LOG": {"BASE_PATH": str(out), "EXP_NAME": ""}}}
+    # The config requires a clip's decode time limit below the collectives' timeout (short ones here).
+    data = {"DECODE_TIME_LIMIT": section["TIMEOUT_SECONDS"] / 2}
+    return {"DDP_CONFIG": section, "CONFIG": {"LOG": {"BASE_PATH": str(out), "EXP_NAME": ""}, "DATA": data}}
 
 
 def write_cfg(tmp_path: Path, data: dict[str, Any]) -> Path:
