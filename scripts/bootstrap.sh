@@ -11,9 +11,10 @@ VENV="$ROOT/.venv"
 # ffmpeg: synthetic H.264 videos, the tests' HEVC/VP9/AV1 videos (Debian's build has libx265, libvpx
 # and libaom) and the FFmpeg shared libraries torchcodec loads; python3-venv: Debian's interpreter,
 # which the cluster's non-root login user can execute (unlike a Python under /root); rsync: playbooks/stage-data.yml
-# copies datasets with it (the local test nodes run this machine's binaries).
+# copies datasets with it (the local test nodes run this machine's binaries); slurm-client: scontrol, with which a
+# trainer under a plain srun finds its rank-0 node.
 APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates
-  rsync)
+  rsync slurm-client)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
