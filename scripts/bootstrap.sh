@@ -12,9 +12,10 @@ VENV="$ROOT/.venv"
 # and libaom) and the FFmpeg shared libraries torchcodec loads; python3-venv: Debian's interpreter,
 # which the cluster's non-root login user can execute (unlike a Python under /root); rsync: playbooks/stage-data.yml
 # copies datasets with it (the local test nodes run this machine's binaries); slurm-client: scontrol, with which a
-# trainer under a plain srun finds its rank-0 node.
+# trainer under a plain srun finds its rank-0 node; slurmctld, slurmd, munge: the local Slurm cluster
+# (playbooks/local-cluster.yml -e slurm=true; their services are not started: the playbook runs its own daemons).
 APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates
-  rsync slurm-client)
+  rsync slurm-client slurmctld slurmd munge)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

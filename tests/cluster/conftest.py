@@ -126,10 +126,16 @@ class LocalCluster:
     def names(self) -> list[str]:
         return [node.name for node in self.nodes]
 
+    @property
+    def slurm_conf(self) -> Path:
+        """The configuration of a Slurm cluster (made with slurm=true); every node sees it at /etc/slurm."""
+        return self.state_dir / "slurm" / "etc" / "slurm.conf"
+
     def create(self, nodes: int, *extra: str) -> subprocess.CompletedProcess[str]:
-        """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml."""
+        """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml. A Slurm
+        cluster's nodes are its compute nodes (from its slurm.conf), then its login host."""
         proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}", *extra)
-        hosts = _inventory_hosts(self.inventory)
+        hosts = {**slurm_compute_nodes(self.slurm_conf), **_inventory_hosts(self.inventory)}
         self.nodes = [Node(index=i, name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
                            dir=self.state_dir / "nodes" / str(i), cluster_ip=h["cluster_ip"])
                       for i, (name, h) in enumerate(hosts.items())]
@@ -146,8 +152,16 @@ def _inventory_hosts(inventory: Path) -> dict[str, dict]:
                          capture_output=True, text=True, check=True, cwd=REPO)
     data = json.loads(out.stdout)
     hostvars = data["_meta"]["hostvars"]
-    names = [*data["trainers"]["hosts"], *data.get("spares", {}).get("hosts", [])]  # node0.. in order
-    return {name: hostvars[name] for name in names}
+    names = [name for group in ("trainers", "spares", "slurm_submit")
+             for name in data.get(group, {}).get("hosts", [])]  # node0.. in order; a Slurm cluster's login host
+    return {name: {"cluster_ip": hostvars[name]["ansible_host"], **hostvars[name]} for name in names}
+
+
+def slurm_compute_nodes(conf: Path) -> dict[str, dict[str, str]]:
+    """A Slurm cluster's compute nodes in order, with their addresses, as its slurm.conf names them (none without)."""
+    lines = conf.read_text().splitlines() if conf.exists() else []
+    found = [re.match(r"NodeName=(\S+) NodeAddr=(\S+)", line) for line in lines]
+    return {m[1]: {"ansible_host": m[2], "cluster_ip": m[2]} for m in found if m}
 
 
 def netns_names(cluster_name: str) -> list[str]:
@@ -171,6 +185,13 @@ def force_delete(cluster_name: str) -> None:
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
     for link in link_names(cluster_name):
         subprocess.run(["ip", "link", "delete", link], capture_output=True)
+    # A Slurm cluster's slurmctld and munged run outside the namespaces: found by this cluster's paths in their argv.
+    marks = (f"{STATE_ROOT / cluster_name}/slurm/".encode(), f"/run/vidcluster/slurm-{cluster_name}/".encode())
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and any(mark in (entry / "cmdline").read_bytes() for mark in marks):
+                os.kill(int(entry.name), signal.SIGKILL)
+    shutil.rmtree(f"/run/vidcluster/slurm-{cluster_name}", ignore_errors=True)
     shutil.rmtree(STATE_ROOT / cluster_name, ignore_errors=True)
 
 
