@@ -3,7 +3,9 @@ machine, one slurmd per namespace host, munge, a login host, a shared home) that
   - the cluster itself: its daemons are its own, jobs submitted from the login host run on its compute nodes, a
     second run changes nothing, and state=absent leaves nothing behind (last);
   - the trainer under a plain srun takes its ranks from the allocation, and stops with one line where scontrol
-    cannot give it the rank-0 node.
+    cannot give it the rank-0 node;
+  - setup-cluster.yml: no SSH mesh (it says why), the environment proven on the compute nodes by a Slurm job and
+    compared with the login host's; a job the site cannot run is named with Slurm's words.
 Slow (a Slurm cluster and whole jobs): the slow lane, `bash scripts/test.sh --slow`.
 """
 
@@ -24,6 +26,7 @@ from tests.cluster.conftest import (
     LocalCluster,
     Node,
     changed_total,
+    flat,
     link_names,
     netns_names,
     run_playbook,
@@ -133,6 +136,24 @@ def test_a_trainer_under_srun_without_scontrol_stops_with_one_line(cluster: Loca
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 2 and "scontrol is not on PATH" in errors[0], out.stderr  # one line per task
     assert "Traceback" not in out.stderr
+
+
+def test_setup_cluster_proves_the_environment_on_the_compute_nodes_through_a_slurm_job(cluster: LocalCluster) -> None:
+    out = flat(cluster.playbook("setup-cluster.yml").stdout)
+    assert "Slurm site: no SSH key mesh and no all-pairs SSH check" in out
+    # The login host's environment and every node of a job's size in one table, as over SSH.
+    table = out.split("Show the environment of the login host and every compute node", 1)[1]
+    for name in ("login", "node0", "node1"):
+        assert re.search(rf"- {name} 3\.11\.\d+ 2\.14\.1", table), table[:2000]
+    completed = (cluster.state_dir / "slurm" / "jobcomp.log").read_text()
+    assert re.search(r"Name=vidcluster-env JobState=COMPLETED .* NodeCnt=2 ", completed), completed
+    assert [p.name for p in (login(cluster).home / ".ssh").iterdir()] == ["authorized_keys"]  # no cluster key, no mesh
+    # A job the site cannot run is named with Slurm's own words (this cluster has no GPUs to give).
+    refused = cluster.playbook("setup-cluster.yml", "--tags", "env", "-e", "vidcluster_slurm_gpus_per_node=1",
+                               check=False)
+    assert refused.returncode != 0
+    assert "The Slurm job that checks the environment on the compute nodes did not run (srun: error: " in flat(
+        refused.stdout), refused.stdout[-3000:]
 
 
 def test_a_second_run_changes_nothing(cluster: LocalCluster) -> None:

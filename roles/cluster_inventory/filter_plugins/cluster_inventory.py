@@ -269,17 +269,27 @@ def _slurm_settings(given: Mapping[str, Any], errors: list[str]) -> dict[str, An
         elif name in SBATCH_OWNED:
             errors.append(f"vidcluster_slurm_sbatch_extra item {item!r}: {name} is set by {SBATCH_OWNED[name]}")
     checked["vidcluster_slurm_sbatch_extra"] = [item.strip() for item in extra]
-    return {key.removeprefix("vidcluster_slurm_"): value for key, value in checked.items()}
+    settings = {key.removeprefix("vidcluster_slurm_"): value for key, value in checked.items()}
+    return {**settings, "site_options": site_options(settings)}
+
+
+def site_options(settings: Mapping[str, Any]) -> list[str]:
+    """The sbatch/srun options every job of the site gets (where, on what, and the site's own extras): partition,
+    account, one GPU resource per node's GPUs, then the extra options."""
+    options = [f"--partition={settings['partition']}"] if settings["partition"] else []
+    options += [f"--account={settings['account']}"] if settings["account"] else []
+    options += [f"--gres=gpu:{settings['gpus_per_node']}"] if settings["gpus_per_node"] else []
+    return options + list(settings["sbatch_extra"])
 
 
 def scheduler_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "") -> dict[str, Any]:
     """How jobs reach the nodes (see the module docstring): ``{scheduler, submit, user, slurm, errors}``.
 
     Each row: ``{name, group ('trainers', 'spares' or 'slurm_submit'), scheduler (vidcluster_scheduler or None),
-    user (ansible_user or None), slurm: {every vidcluster_slurm_* variable the host has: value}}``. ``slurm`` holds the
-    checked settings without their prefix (nodes, gpus_per_node, spares, partition, account, time, signal_seconds,
-    sbatch_extra), ``submit`` the login hosts in inventory order, ``user`` the user jobs are submitted as (like the
-    nodes' cluster user: one, and not root).
+    user (ansible_user or None), slurm: {every vidcluster_slurm_* variable the host has: value}}``. ``slurm`` holds
+    the checked settings without their prefix (nodes, gpus_per_node, spares, partition, account, time,
+    signal_seconds, sbatch_extra) and the options every job of the site gets (``site_options``), ``submit`` the login
+    hosts in inventory order, ``user`` the user jobs are submitted as (like the nodes' cluster user: one, not root).
     """
     errors: list[str] = []
     chosen = {str(row["name"]): str(row.get("scheduler") or "ssh") for row in rows}
