@@ -20,6 +20,7 @@ from trainer.config import validate_config
 from trainer.data import make_synthetic_dataset
 from trainer.distributed import launch
 from trainer.reporting import read_metrics
+from trainer.runtime.contract import METRICS_FILE
 from trainer.train import train_worker
 
 SIZE, FRAMES = 96, 16
@@ -50,7 +51,7 @@ def train(data: dict[str, Any], run: Path, epochs: int, multigrid: bool) -> tupl
     start = time.perf_counter()
     launch(train_worker, cfg)
     seconds = time.perf_counter() - start
-    return seconds, read_metrics(run / "metrics.jsonl")[-1]["val_top1"]
+    return seconds, read_metrics(run / METRICS_FILE)[-1]["val_top1"]
 
 
 def run(quick: bool) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 
 from bench.local import ENV, REPO, VENV_BIN, build, training_cluster
 from trainer.runtime import procs
+from trainer.runtime.contract import METRICS_FILE, STATUS_FILE
 
 CLUSTER = "brestart"
 HEARTBEAT_S = 10.0
@@ -93,7 +94,7 @@ def measure(inventory: Path, name: str, index: int) -> dict[str, Any]:
          "-e", f"ddp_config_heartbeat_timeout={HEARTBEAT_S}", "-e", "ddp_launch_poll_seconds=2",
          "-e", "ddp_launch_recheck_seconds=15", "-e", json.dumps({"ddp_config_overrides": overrides})],
         cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    while read(run_file(0, job, "status.json")).get("epoch", 0) < 6:
+    while read(run_file(0, job, STATUS_FILE)).get("epoch", 0) < 6:
         if play.poll() is not None:
             raise SystemExit(f"{job}: the launch ended (status {play.returncode}) before epoch 6")
         time.sleep(0.2)
@@ -102,14 +103,14 @@ def measure(inventory: Path, name: str, index: int) -> dict[str, Any]:
     play.wait(timeout=900)
     cause = read(job_dir(hub, job) / "state.json")["record"]["attempts"][1]["cause"]
     rank0 = 1 if hub == 1 else 0
-    restarted = next(r for r in map(json.loads, run_file(rank0, job, "metrics.jsonl").read_text().splitlines())
+    restarted = next(r for r in map(json.loads, run_file(rank0, job, METRICS_FILE).read_text().splitlines())
                      if r.get("attempt") == 1)
-    step_s = read(run_file(rank0, job, "status.json")).get("step_time_s") or 0.0
+    step_s = read(run_file(rank0, job, STATUS_FILE)).get("step_time_s") or 0.0
     lost = restarted["steps_lost"]
     return {"scenario": name, "cause": f"{cause['node']} {cause['kind']}", "detect_s": cause["detect_s"],
             "restart_s": restarted["restart_s"], "lost_steps": lost,
             "lost_s": None if lost is None else round(lost * step_s, 1),
-            "finished": read(run_file(rank0, job, "status.json")).get("state") == "finished"}
+            "finished": read(run_file(rank0, job, STATUS_FILE)).get("state") == "finished"}
 
 
 def run() -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ from trainer.config import Config
 from trainer.data.annotations import read_class_index
 from trainer.data.dataset import ClipSpec
 from trainer.distributed import DistContext, broadcast_object
+from trainer.runtime.contract import copy_rank
 from trainer.weights import LoadReport, WeightsFile, load_weights
 from trainer.weights.formats import read_torch_file
 
@@ -248,8 +249,9 @@ class CheckpointWriter:
 
 
 def writer_ranks(ctx: DistContext) -> tuple[int, ...]:
-    """Global ranks that may write checkpoints: rank 0 and, on a multi-node job, the first process of node 1."""
-    return (0, ctx.local_world_size) if ctx.num_nodes > 1 else (0,)
+    """Global ranks that may write checkpoints: rank 0 and, on a multi-node job, the first process of the node that
+    keeps the second copy (trainer.runtime.contract.COPY_NODE_RANK)."""
+    return (0, copy_rank(ctx.local_world_size)) if ctx.num_nodes > 1 else (0,)
 
 
 def writes_checkpoints(ctx: DistContext, run_dir: Path) -> bool:

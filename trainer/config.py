@@ -18,7 +18,6 @@ import difflib
 import ipaddress
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -39,6 +38,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from trainer.errors import UserError
+from trainer.runtime.contract import run_name
 
 # GluonCV spells it WOLRD_URLS; WORLD_URLS is accepted on input, WOLRD_URLS is what we write.
 URLS_KEY, URLS_ALIAS = "WOLRD_URLS", "WORLD_URLS"
@@ -886,7 +886,7 @@ def run_dir(cfg: Config, now: float | None = None) -> Path:
     log = cfg.CONFIG.LOG
     base = Path(log.BASE_PATH)
     if log.EXP_NAME == "use_time":
-        return base / time.strftime("%Y-%m-%d-%H-%M-%S", time.localtime(now))
+        return base / run_name(now)
     return base / log.EXP_NAME if log.EXP_NAME else base
 
 

@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ import torch.multiprocessing as mp
 from trainer.config import Config, DDPConfig, check_runtime
 from trainer.errors import STOP_SIGNALS, USER_ERROR_EXIT, Preempted, UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
+from trainer.runtime.contract import run_name, thread_budget
 from trainer.runtime.layout import url_host
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,8 @@ _SLURM_PORT_BASE = 15000  # + SLURM_JOB_ID mod 10000: the tasks of one job agree
 # After a spawned worker fails, its peers get this long to end by themselves (their next collective fails), then
 # SIGTERM (which a trainer takes as a stop request: it does not end it at once), then as long again, then SIGKILL.
 _PEER_GRACE_S = 5.0
+# A process group that has not formed TIMEOUT_SECONDS + this long after it began to ends its process (_formed_within).
+_FORMING_GRACE_S = 5.0
 
 
 class DistributedError(UserError, RuntimeError):
@@ -168,6 +172,22 @@ def _proc_addresses() -> list[tuple[str, str]]:
                 seen.add(addr)
                 pairs.append(("?", addr))
     return pairs
+
+
+def route_interface(dist_url: str) -> str | None:
+    """The local interface this host reaches the rendezvous host of ``dist_url`` through (what the kernel's routes
+    choose; a UDP socket's connect sends nothing), or None when the host does not resolve or the interface is unknown.
+    For a rendezvous on this host, its loopback or the interface holding that address."""
+    host = urllib.parse.urlsplit(dist_url).hostname
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            local = ipaddress.ip_address(probe.getsockname()[0].split("%")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    names = [name for name, addr in interface_addresses() if ipaddress.ip_address(addr) == local and name != "?"]
+    return names[0] if names else None
 
 
 def local_addresses() -> list[str]:
@@ -359,12 +379,18 @@ def _fix_run_name(cfg: Config) -> Config:
     log_cfg = cfg.CONFIG.LOG
     if log_cfg.EXP_NAME != "use_time":
         return cfg
-    stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.localtime())
-    training = cfg.CONFIG.model_copy(update={"LOG": log_cfg.model_copy(update={"EXP_NAME": stamp})})
+    training = cfg.CONFIG.model_copy(update={"LOG": log_cfg.model_copy(update={"EXP_NAME": run_name()})})
     return cfg.model_copy(update={"CONFIG": training})
 
 
-def _log_network(plan: _Plan) -> None:
+def _choose_interface(plan: _Plan) -> None:
+    """Gloo's interface, as the launcher chooses it (the one holding the node's cluster address): the one that routes
+    to the rendezvous host, unless the environment names one. Left unset, gloo takes whatever this host's name
+    resolves to, which on hosts that share a name (containers, cloned images) is not an address its peers reach."""
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        iface = route_interface(plan.dist_url)
+        if iface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = iface  # spawned workers inherit it
     ifname = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
     log.info(
         "node %d of %d, %d %s worker(s); rendezvous %s (%s); interface %s; local addresses %s",
@@ -374,23 +400,63 @@ def _log_network(plan: _Plan) -> None:
         "GPU" if plan.use_cuda else "CPU",
         plan.dist_url,
         f"from {plan.source}" if plan.from_env else "DIST_URL",
-        ifname or f"not set (peers reach this host as {socket.gethostname()} resolves)",
+        ifname or f"not found (peers reach this host as {socket.gethostname()} resolves)",
         ", ".join(f"{a} ({n})" for n, a in interface_addresses()),
     )
+
+
+def _attempt_store(plan: _Plan) -> dist.Store | None:
+    """Under torchrun, the store its agent keeps for the workers outlives a restart, and with it every key the last
+    attempt's workers wrote, gloo's peer addresses among them: a restarted rank could read a dead peer's address and
+    wait on it. Each attempt gets a namespace of its own (torchrun's restart count). None: the rendezvous is fresh
+    for every attempt (a store rank 0 hosts), init_method as planned."""
+    env = os.environ
+    if plan.source != "torchrun" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=plan.timeout_s))
+    attempt = f"{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(f"vidcluster/attempt/{attempt}", store)
+
+
+@contextlib.contextmanager
+def _formed_within(ctx: DistContext, plan: _Plan) -> Iterator[None]:
+    """The process group forms within TIMEOUT_SECONDS, or this process ends with status 1 (a restart may help) a few
+    seconds later. Gloo bounds most of its connect by that timeout, and then raises (a PeerError here), but not all of
+    it (a pair whose peer died while connecting can wait forever), and a wait in native code raises nothing: the
+    watch thread ends the process instead, after the grace that lets the timeout's own error come first."""
+
+    def give_up() -> None:
+        log.error("rank %d of %d: the process group did not form within %ds at %s (DDP_CONFIG.TIMEOUT_SECONDS); "
+                  "ending this process so that the launcher can start it again", ctx.rank, ctx.world_size,
+                  plan.timeout_s, plan.dist_url)
+        logging.shutdown()
+        os._exit(PeerError.exit_status)
+
+    watch = threading.Timer(plan.timeout_s + _FORMING_GRACE_S, give_up)
+    watch.daemon = True
+    watch.start()
+    try:
+        yield
+    finally:
+        watch.cancel()
 
 
 def _init_group(ctx: DistContext, plan: _Plan) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     try:
-        dist.init_process_group(
-            backend=plan.backend,
-            init_method=plan.init_method,
-            world_size=ctx.world_size,
-            rank=ctx.rank,
-            timeout=datetime.timedelta(seconds=plan.timeout_s),
-        )
-        dist.barrier()  # everyone has really arrived before any work starts
+        with _formed_within(ctx, plan):
+            store = _attempt_store(plan)
+            dist.init_process_group(
+                backend=plan.backend,
+                init_method=None if store is not None else plan.init_method,
+                store=store,
+                world_size=ctx.world_size,
+                rank=ctx.rank,
+                timeout=datetime.timedelta(seconds=plan.timeout_s),
+            )
+            dist.barrier()  # everyone has really arrived before any work starts
     except dist.DistError as exc:  # store/network/backend errors: a peer or the rendezvous host is missing
         raise PeerError(
             f"rank {ctx.rank} of {ctx.world_size}: peers did not all meet at the rendezvous {plan.dist_url} within "
@@ -429,7 +495,7 @@ def _spawned(local_rank: int, plan: _Plan, worker_fn: WorkerFn, cfg: Config, fai
     start_heartbeat()
     if not plan.use_cuda and "OMP_NUM_THREADS" not in os.environ:  # a user's setting wins, as under torchrun
         # N CPU workers share the cores; torch would otherwise start one thread per core in each of them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // plan.per_node))
+        torch.set_num_threads(thread_budget(plan.per_node))
     try:
         _run_worker(plan.context(local_rank), plan, worker_fn, cfg, Path(failures) / str(local_rank))
     except Preempted as exc:
@@ -531,11 +597,11 @@ def launch(worker_fn: WorkerFn, cfg: Config, local_rank: int | None = None) -> N
             raise DistributedError(
                 f"--local-rank {local_rank} disagrees with LOCAL_RANK={env_local} in the environment"
             )
-        _log_network(plan)
+        _choose_interface(plan)
         _run_worker(plan.context(env_local, rank, world), plan, worker_fn, cfg)
         return
     plan = _node_plan(cfg)
-    _log_network(plan)
+    _choose_interface(plan)
     if local_rank is not None:
         if not 0 <= local_rank < plan.per_node:
             raise DistributedError(f"--local-rank {local_rank} is not below the {plan.per_node} workers of this node")

@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn, TypeVar
 
+from trainer.runtime.contract import EXIT_PREEMPTED as PREEMPTED_EXIT
+from trainer.runtime.contract import EXIT_REJECTED as USER_ERROR_EXIT
+
 T = TypeVar("T")
-USER_ERROR_EXIT = 2
-PREEMPTED_EXIT = 75
 # How a stop is asked for: what schedulers and spot notices send (Slurm's --signal, a node supervisor passing on what
 # it got); the trainer checkpoints at the next optimizer step on every rank and ends with PREEMPTED_EXIT.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

@@ -16,8 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-DIR_ENV = "VIDCLUSTER_HEARTBEAT_DIR"
-INTERVAL_ENV = "VIDCLUSTER_HEARTBEAT_INTERVAL"
+from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV
 
 
 def _beat(path: Path, interval: float) -> None:
@@ -31,13 +30,13 @@ def _beat(path: Path, interval: float) -> None:
 
 def start_heartbeat() -> None:
     """Start this process's heartbeat thread, once, if the launcher asked for one."""
-    folder = os.environ.get(DIR_ENV)
+    folder = os.environ.get(HEARTBEAT_DIR_ENV)
     if not folder:
         return
     path = Path(folder) / str(os.getpid())
     if path.exists():
         return  # already beating (launch and a worker can be the same process)
-    interval = float(os.environ.get(INTERVAL_ENV, "5"))
+    interval = float(os.environ.get(HEARTBEAT_INTERVAL_ENV, "5"))
     atexit.register(lambda: path.unlink(missing_ok=True))
     path.write_text(f"{time.monotonic():.3f}")
     threading.Thread(target=_beat, args=(path, interval), name="vidcluster-heartbeat", daemon=True).start()

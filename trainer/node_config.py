@@ -47,7 +47,8 @@ from trainer.config import (
     run_dir,
     validate_config,
 )
-from trainer.runtime import layout
+from trainer.runtime import contract, layout
+from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 
 USE_TIME = "use_time"
@@ -243,7 +244,7 @@ def node_env(job: JobSpec, node: NodeFacts, code_dir: str, job_dir: str) -> dict
         "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in node.device_ids),
     }
     if job.weights_table:
-        env["VIDCLUSTER_WEIGHTS_TABLE"] = posixpath.join(job_dir, layout.SITE_WEIGHTS_TABLE)
+        env[contract.WEIGHTS_TABLE_ENV] = posixpath.join(job_dir, layout.SITE_WEIGHTS_TABLE)
     return {**env, **(job.extra_env or {})}
 
 
@@ -258,23 +259,24 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
     members = tuple(Member(m.name, m.ip, rank if m in job.nodes else None)
                     for rank, m in enumerate(job.members))
     return NodePlan(
+        schema=PLAN_SCHEMA,
         job=job.job_id,
         node=node.name,
         members=members,
         port=job.port,
         backend=backend,
         workers=per_node,
-        argv=(python, "-m", "trainer.train", "--config-file", config_file),
+        argv=(python, *layout.SAFE_PATH, "-m", "trainer.train", "--config-file", config_file),
         env=node_env(job, node, code, folder),
         paths=Paths(
             job_dir=folder, plan=posixpath.join(folder, layout.PLAN_FILE),
             secret=posixpath.join(folder, layout.SECRET_FILE), config=config_file,
             site_weights_table=posixpath.join(folder, layout.SITE_WEIGHTS_TABLE),
             code_archive=posixpath.join(folder, layout.CODE_ARCHIVE), code_dir=code, env_python=python, run_dir=run,
-            checkpoints=posixpath.join(run, log.SAVE_DIR), status_file=posixpath.join(run, layout.STATUS_FILE),
+            checkpoints=posixpath.join(run, log.SAVE_DIR), status_file=posixpath.join(run, contract.STATUS_FILE),
             log_file=posixpath.join(run, log.LOG_FILENAME),
-            weights_cache=layout.node_path(layout.WEIGHTS_CACHE, node.home),
-            results=tuple(posixpath.join(run, name) for name in layout.run_files(log.LOG_FILENAME)),
+            weights_cache=layout.node_path(contract.WEIGHTS_CACHE, node.home),
+            results=tuple(posixpath.join(run, name) for name in contract.run_files(log.LOG_FILENAME)),
         ),
         watch=Watch(**{k: float(v) for k, v in job.watch.items()}),
         restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"])),

@@ -31,21 +31,13 @@ from tqdm import tqdm
 
 from trainer.distributed import DistContext
 from trainer.errors import UserError
+from trainer.runtime.contract import ATTEMPT_ENV, ATTEMPT_FIELDS, CURVES_FILE, METRICS_FILE, STATUS_FILE
 
 log = logging.getLogger("trainer")
 T = TypeVar("T")
 
-STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.png"
 STATUS_INTERVAL_S = 2.0
 RATE_WINDOW_STEPS = 50  # "recent" clips/s and step time: over the last steps of the epoch, up to this many
-ATTEMPT_ENV = "VIDCLUSTER_ATTEMPT"
-# What the node supervisor says about the attempt it starts: field -> accepted types (JSON).
-ATTEMPT_FIELDS: dict[str, tuple[type, ...]] = {
-    "attempt": (int,), "cause": (str,), "node": (str,), "detected_at": (int, float), "detect_s": (int, float),
-    "failed_step": (int, type(None)),
-}
 
 
 def setup_logging(ctx: DistContext, log_file: Path | None, level: str) -> None:

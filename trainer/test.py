@@ -19,7 +19,7 @@ from pathlib import Path
 from trainer import checkpoint
 from trainer.accel import configure_backends, prepare_model
 from trainer.config import Config, run_dir
-from trainer.data import build_dataset, build_loader
+from trainer.data import build_dataset, build_loader, loader_workers
 from trainer.distributed import DistContext, add_launcher_args, launch
 from trainer.engine import test_multiview
 from trainer.errors import reading_checkpoint, report_user_errors
@@ -51,7 +51,9 @@ def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
     num_videos = len(dataset) // num_views
     log.info("testing %s on %d videos x %d views (%d x %d)", path, num_videos, num_views,
              data.TEST_NUM_SEGMENT, data.TEST_NUM_CROP)
-    result = test_multiview(model, build_loader(dataset, cfg, "test", ctx), ctx, cfg, num_videos, data.NUM_CLASSES)
+    with loader_workers():
+        result = test_multiview(model, build_loader(dataset, cfg, "test", ctx), ctx, cfg, num_videos,
+                                data.NUM_CLASSES)
     summary = {k: result[k] for k in ("top1", "top5", "videos", "views_per_video")}
     summary.update(checkpoint=str(path), bad_videos=[list(b) for b in result["bad"]],
                    decoder_fallbacks=[list(f) for f in result["fallback"]])

@@ -52,7 +52,7 @@ from trainer.accel import amp_dtype, configure_backends, prepare_model, wrap_ddp
 from trainer.checkpoint import CheckpointWriter
 from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
 from trainer.coordination import StepControl, StopRequest, stop_signals
-from trainer.data import build_dataset, build_loader
+from trainer.data import build_dataset, build_loader, loader_workers
 from trainer.data.check import require_readable
 from trainer.data.loader import epoch_batches, set_loader_epoch, skip_batches
 from trainer.data.multigrid import MultigridSchedule
@@ -69,8 +69,9 @@ from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_o
 from trainer.errors import Preempted, reading_checkpoint, report_user_errors
 from trainer.model_setup import apply_training_controls, build_model_from_config
 from trainer.precise_bn import update_precise_bn
-from trainer.reporting import METRICS_FILE, Reporter, attempt_from_env, attempt_record, setup_logging
+from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
 from trainer.resume import EpochProgress, load_resume_state
+from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 from trainer.weights import load_weights
 from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, resolve_normalisation
@@ -153,7 +154,8 @@ def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, 
 
 def train_worker(ctx: DistContext, cfg: Config) -> None:
     """Everything one training process does, from datasets to the final checkpoint."""
-    with stop_signals() as stop:  # first: a stop asked for while the run starts is honoured at its first step
+    # First the stop signals: a stop asked for while the run starts is honoured at its first step.
+    with stop_signals() as stop, loader_workers():
         run = prepare_run(ctx, cfg, stop)
         try:
             for epoch in range(run.start_epoch, cfg.CONFIG.TRAIN.EPOCH_NUM):
@@ -177,7 +179,7 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest) -> Run:
     ckpt_dir = out / cfg.CONFIG.LOG.SAVE_DIR
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, out / "config.yaml")
+        dump_config(cfg, out / RUN_CONFIG_FILE)
     config_yaml = broadcast_object(config_to_yaml(cfg) if ctx.is_main else None)
 
     train_loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)
@@ -341,7 +343,7 @@ def finish(run: Run) -> None:
     digests = all_gather_object(weights_digest(run.raw_model))  # also: every copy is on disk before "finished"
     if run.ctx.is_main:
         identical = len(set(digests)) == 1
-        (run.out / "weights_digest.json").write_text(
+        (run.out / DIGEST_FILE).write_text(
             json.dumps({"world_size": run.ctx.world_size, "digests": digests, "identical": identical}, indent=1)
         )
         log.info("final weights identical on all %d ranks: %s", run.ctx.world_size, identical)

@@ -9,7 +9,9 @@ import contextlib
 import hashlib
 import http.server
 import json
+import os
 import re
+import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -102,19 +104,33 @@ def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: Loc
         for name in (f"{node.name}.yaml", f"{node.name}.plan.json"):
             assert (out / name).read_bytes() == (results / "nodes" / name).read_bytes()
 
-    # node1's copy of the trainer drifts; a relaunch with one more epoch ships the code to node1 alone and resumes
-    # from the checkpoint in ~/scratch on node0.
+    # node1's copy of the trainer drifts; node2's gains a sitecustomize.py (the version's folder is every job
+    # process's PYTHONPATH) and its home a stray ~/trainer/ (an old checkout, where an SSH login lands): a relaunch
+    # with one more epoch ships the code to node1 and node2 alone, runs neither stray, and resumes from the
+    # checkpoint in ~/scratch on node0.
     version = Path(json.loads((node_job_dir(node1, job) / "plan.json").read_text())["paths"]["code_dir"])
     assert version.parent == Path("/home/vctrain/vidcluster/code")  # the node's folder of code versions
     code = node1.home / "vidcluster" / "code" / version.name / "trainer" / "engine.py"
     code.write_text(code.read_text() + "\n# drift\n")
+    ran = node2.home / "stray-ran"  # /home/vctrain/stray-ran on node2
+    planted = node2.home / "vidcluster" / "code" / version.name / "sitecustomize.py"
+    stray = node2.home / "trainer"
+    (stray / "runtime").mkdir(parents=True)
+    for path in (planted, stray / "__init__.py", stray / "runtime" / "__init__.py"):
+        path.write_text(f"open('/home/vctrain/stray-ran', 'a').write({path.name!r})\n")
+    for path in (planted, stray, stray / "runtime", *stray.rglob("*.py")):  # the node user's own files
+        os.chown(path, node2.home.stat().st_uid, node2.home.stat().st_gid)
     overrides["ddp_config_overrides"]["CONFIG"]["TRAIN"]["EPOCH_NUM"] = 3
-    again = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "ddp_config_cpu_workers=2",
-                   "-e", "vidcluster_network_interface=", "-e", json.dumps(overrides))  # fmt: skip
+    try:
+        again = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "ddp_config_cpu_workers=2",
+                       "-e", "vidcluster_network_interface=", "-e", json.dumps(overrides))  # fmt: skip
+    finally:
+        shutil.rmtree(stray)
     task = "TASK [ddp_launch : Unpack the trainer code into its version's folder]"
     unpack = again.stdout.split(task, 1)[1].split("TASK [", 1)[0]
-    assert "changed: [node1]" in unpack and not re.search(r"(ok|changed): \[node[02]\]", unpack), unpack
-    assert "# drift" not in code.read_text()
+    assert "changed: [node1]" in unpack and "changed: [node2]" in unpack, unpack
+    assert not re.search(r"(ok|changed): \[node0\]", unpack), unpack
+    assert "# drift" not in code.read_text() and not planted.exists() and not ran.exists()
     log = (results / "log.txt").read_text()
     assert f"resumed from {run}/checkpoints/epoch_0002.pth at epoch 2" in log
     assert [json.loads(line)["epoch"] for line in (results / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +39,7 @@ from tests.cluster.conftest import (
     playbook_env,
     stage_dataset,
 )
+from trainer.runtime.record import JobRecord
 
 pytestmark = pytest.mark.slow
 
@@ -110,8 +113,18 @@ def finish(play: subprocess.Popen[str], timeout: float = 420) -> str:
     return out
 
 
-def record(node: Node, job: str) -> dict:
-    return json.loads((node_job_dir(node, job) / "state.json").read_text())["record"]
+def record(node: Node, job: str) -> JobRecord:
+    """The job's record as the node last held it (its state.json), read through the record's schema."""
+    return JobRecord.read(json.loads((node_job_dir(node, job) / "state.json").read_text())["record"])
+
+
+def restarted(job: str) -> dict[str, Any]:
+    """What the restarted attempt's rank 0 recorded once it trained again (metrics.jsonl, collected from it): the
+    step it resumed from, the steps lost; with the steps of an epoch."""
+    lines = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()]
+    [attempt] = [line for line in lines if "attempt" in line]
+    per_epoch = json.loads((REPO / "runs" / job / "status.json").read_text())["steps_per_epoch"]
+    return {**attempt, "steps_per_epoch": per_epoch}
 
 
 def digest(job: str) -> str:
@@ -126,7 +139,7 @@ def reference(cluster: LocalCluster) -> str:
     job = f"{cluster.name}-ref"
     out = finish(launch(cluster, job))
     assert f"Job {job} finished" in flat(out), out[-3000:]
-    assert record(cluster.nodes[0], job)["restarts"] == 0
+    assert record(cluster.nodes[0], job).restarts == 0
     return digest(job)
 
 
@@ -147,11 +160,18 @@ def test_a_killed_trainer_restarts_by_itself_and_ends_with_the_same_weights(clus
     out = finish(play)
     assert play.returncode == 0, out[-4000:]
     rec = record(node0, job)
-    assert rec["restarts"] == 1 and rec["assignment"] == {"node0": 0, "node1": 1}  # the same nodes, same ranks
-    cause = rec["attempts"][1]["cause"]
-    assert (cause["node"], cause["kind"]) == ("node1", "killed") and cause["detect_s"] < 5
-    assert f"{job}: " in out and "attempt 1" in out  # the follow says so
-    assert digest(job) == reference  # resumed exactly: the same final weights as the uninterrupted run
+    assert rec.restarts == 1 and rec.assignment == {"node0": 0, "node1": 1}  # the same nodes, same ranks
+    cause = rec.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("node1", "killed") and cause.detect_s < 5
+    assert f"{job}: restarting (attempt 2 of 4): node1 killed, detected in " in out  # the follow says so
+    # Resumed from the newest checkpoint every rank agreed on (epoch 7 or 8), not from scratch: the steps lost are
+    # those since it, and the final weights are the uninterrupted run's.
+    attempt = restarted(job)
+    per_epoch = attempt["steps_per_epoch"]
+    assert attempt["resumed_step"] >= 7 * per_epoch and attempt["resumed_step"] % per_epoch == 0, attempt
+    assert attempt["steps_lost"] == cause.failed_step - attempt["resumed_step"] and 0 <= attempt["steps_lost"] < 2 * (
+        per_epoch), attempt
+    assert digest(job) == reference
 
 
 def test_a_frozen_trainer_is_caught_within_the_heartbeat_timeout_and_restarted(cluster: LocalCluster) -> None:
@@ -162,9 +182,9 @@ def test_a_frozen_trainer_is_caught_within_the_heartbeat_timeout_and_restarted(c
     os.kill(trainer_pid(job, node0), signal.SIGSTOP)  # frozen, not dead: only its silence can tell
     out = finish(play)
     assert play.returncode == 0, out[-4000:]
-    cause = record(node0, job)["attempts"][1]["cause"]
-    assert (cause["node"], cause["kind"]) == ("node0", "frozen")
-    assert cause["detect_s"] <= 10 + 5  # detected within the heartbeat timeout (+ 5 s)
+    cause = record(node0, job).attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("node0", "frozen")
+    assert cause.detect_s <= 10 + 5  # detected within the heartbeat timeout (+ 5 s)
     assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
 
 
@@ -178,7 +198,7 @@ def test_with_restarts_off_a_kill_ends_the_job_saying_why(cluster: LocalCluster)
     assert play.returncode != 0
     assert "node1 failed first: its trainer was killed by signal 9 (SIGKILL); restarts are off (max_restarts 0)" in (
         flat(out)), out[-4000:]
-    assert record(node0, job)["restarts"] == 0 and job_processes(job) == []
+    assert record(node0, job).restarts == 0 and job_processes(job) == []
 
 
 def repair(cluster: LocalCluster) -> None:
@@ -206,8 +226,8 @@ def test_a_node_lost_for_good_is_replaced_by_the_spare(cluster: LocalCluster) ->
     play, out = lose_node(cluster, job, node1)
     assert play.returncode == 0, out[-4000:]
     rec = record(node0, job)
-    assert rec["assignment"] == {"node0": 0, "node2": 1} and "node1" in rec["lost"]  # the spare took rank 1
-    assert rec["attempts"][1]["cause"]["node"] == "node1"
+    assert rec.assignment == {"node0": 0, "node2": 1} and "node1" in rec.lost  # the spare took rank 1
+    assert rec.cause is not None and rec.cause.node == "node1"
     assert "node2 replaces node1" in (node_job_dir(node0, job) / "train.log").read_text()
     assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
 
@@ -218,12 +238,21 @@ def test_the_rank0_node_lost_the_job_goes_on_with_a_new_hub(cluster: LocalCluste
     play, out = lose_node(cluster, job, node0)
     assert play.returncode == 0, out[-4000:]
     rec = record(node1, job)
-    assert rec["hub"] == "node1" and rec["term"] >= 1 and "node0" in rec["lost"]
-    assert rec["assignment"] == {"node1": 0, "node2": 1}  # the node with the second copy is rank 0 now
+    assert rec.hub == "node1" and rec.term >= 1 and "node0" in rec.lost
+    assert rec.assignment == {"node1": 0, "node2": 1}  # the node with the second copy is rank 0 now
     assert "this node is the job's hub now" in (node_job_dir(node1, job) / "train.log").read_text()
     assert f"{job}: no answer from node0 (the job's hub)" in flat(out)  # the controller found the new hub
     assert "Job " + job + " finished" in flat(out)
     assert status_of(node1, job)["state"] == "finished"
+    # It resumed from the copy that survived on node1, now rank 0, which read it itself (the spare holds none; a
+    # copy read by another rank is logged "rank 0 holds no copy"), at epoch 4 or later (node0 was lost after epoch
+    # 5), not from scratch.
+    attempt = restarted(job)
+    assert attempt["resumed_step"] >= 4 * attempt["steps_per_epoch"], attempt
+    log = (REPO / "runs" / job / "log.txt").read_text()
+    resumed = re.search(r"resumed from (\S+)/checkpoints/epoch_(\d+).pth at epoch (\d+)", log)
+    assert resumed is not None and int(resumed[2]) >= 4 and "holds no copy" not in log, resumed
+    assert attempt["resumed_step"] == int(resumed[2]) * attempt["steps_per_epoch"]
 
 
 def supervisor_pid(node: Node, job: str) -> int:
@@ -241,8 +270,8 @@ def test_sigterm_to_every_supervisor_checkpoints_at_a_common_step_and_loses_no_s
     out = finish(play)
     assert play.returncode == 0, out[-4000:]
     rec = record(node0, job)
-    cause = rec["attempts"][1]["cause"]
-    assert cause["kind"] == "preempted" and rec["restarts"] == 1
+    cause = rec.attempts[1].cause
+    assert cause is not None and cause.kind == "preempted" and rec.restarts == 1
     restarted = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()
                  if '"attempt"' in line]
     assert restarted and restarted[0]["attempt"] == 1 and restarted[0]["steps_lost"] == 0, restarted
@@ -278,4 +307,4 @@ def test_a_data_error_at_epoch_2_ends_the_job_in_one_message_without_a_restart(c
     assert "The job failed: node1 failed first: its trainer rejected its input (exit status 2" in flat(out), (
         out[-4000:])
     assert "a restart cannot fix a bad input" in flat(out) and "error: " in out  # the trainer's own line, shown
-    assert record(node0, job)["restarts"] == 0 and job_processes(job) == []
+    assert record(node0, job).restarts == 0 and job_processes(job) == []

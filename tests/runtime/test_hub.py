@@ -3,11 +3,14 @@ out. No sockets, no processes."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tests.runtime.test_plan import job, plans
 from trainer.runtime.hub import Hub, new_record
+from trainer.runtime.messages import IDLE, Report, Says, Trainer, TrainerState, Trouble
 from trainer.runtime.plan import NodePlan
+from trainer.runtime.record import JobRecord
 
 HT = 60.0  # the plans' heartbeat timeout
 
@@ -16,37 +19,44 @@ def plan(nodes: int = 2, spares: int = 0, **extra: Any) -> NodePlan:
     return plans(job([f"/home/{i}" for i in range(nodes + spares)], spares=spares, **extra))["n0"]
 
 
+def report(node: str, trainer: Trainer, trouble: Trouble | None = None, **fields: Any) -> Report:
+    """A member's report to the hub."""
+    given = {"says": Says.REPORT, "node": node, "term": 0, "addr": f"{node}:1", "version": 0, "trainer": trainer,
+             "trouble": trouble, "progress": None, "port_offer": None, "record": None}
+    return Report(**{**given, **fields})
+
+
 class Job:
     """A hub and its members' trainers, on a clock the test moves."""
 
-    def __init__(self, p: NodePlan, term: int = 0, record: dict[str, Any] | None = None,
+    def __init__(self, p: NodePlan, term: int = 0, record: JobRecord | None = None,
                  lost_hub: str | None = None) -> None:
         self.now, self.wall, self.log = 1000.0, 1.7e9, []
         self.hub = Hub(p, record or new_record(p, self.wall), term, self.now, self.wall, self.log.append,
                        lost_hub=lost_hub)
-        self.trainers: dict[str, dict[str, Any]] = {}
-        self.failures: dict[str, dict[str, Any]] = {}
+        self.trainers: dict[str, Trainer] = {}
+        self.troubles: dict[str, Trouble] = {}
 
     @property
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JobRecord:
         return self.hub.record
 
     def report(self, *nodes: str) -> None:
         """These members report: each runs the attempt the record assigns it (a simple, obedient member)."""
-        attempt = self.record["attempt"]
+        attempt = self.record.attempt
         for node in nodes:
-            assigned = node in self.record["assignment"] and self.record["phase"] == "running"
-            current = self.trainers.get(node, {})
-            if assigned and current.get("attempt") != attempt:
-                current = {"attempt": attempt, "state": "running", "rc": None}
-            elif not assigned and current.get("state") == "running":
-                current = {**current, "state": "exited", "rc": -15, "ended": self.wall}
+            assigned = node in self.record.assignment and self.record.phase == "running"
+            current = self.trainers.get(node, IDLE)
+            if assigned and current.attempt != attempt:
+                current = dataclasses.replace(IDLE, attempt=attempt, state=TrainerState.RUNNING)
+            elif not assigned and current.running:
+                current = dataclasses.replace(current, state=TrainerState.EXITED, rc=-15, ended=self.wall)
             self.trainers[node] = current
-            self.hub.heard(node, {"trainer": current, "failure": self.failures.get(node), "addr": f"{node}:1",
-                                  "port_offer": 40000 + attempt}, self.now)
+            self.hub.heard(node, report(node, current, self.troubles.get(node), port_offer=40000 + attempt), self.now)
 
     def exit(self, node: str, rc: int) -> None:
-        self.trainers[node] = {**self.trainers[node], "state": "exited", "rc": rc, "ended": self.wall}
+        self.trainers[node] = dataclasses.replace(self.trainers[node], state=TrainerState.EXITED, rc=rc,
+                                                  ended=self.wall)
 
     def tick(self, seconds: float, *reporting: str) -> None:
         """Time passes in steps of a second; these members report at every step."""
@@ -59,11 +69,11 @@ class Job:
 def test_every_trainer_exits_0_and_the_job_has_finished() -> None:
     j = Job(plan())
     j.tick(3, "n0", "n1")
-    assert j.record["phase"] == "running" and j.record["directory"] == {"n0": "n0:1", "n1": "n1:1"}
+    assert j.record.phase == "running" and j.record.directory == {"n0": "n0:1", "n1": "n1:1"}
     j.exit("n0", 0)
     j.exit("n1", 0)
     j.tick(1, "n0", "n1")
-    assert j.record["end"]["state"] == "finished" and j.record["restarts"] == 0
+    assert j.record.end.state == "finished" and j.record.restarts == 0
 
 
 def test_a_killed_trainer_stops_the_attempt_and_the_job_restarts_on_a_fresh_rendezvous() -> None:
@@ -72,11 +82,12 @@ def test_a_killed_trainer_stops_the_attempt_and_the_job_restarts_on_a_fresh_rend
     j.exit("n1", -9)
     j.exit("n0", 1)  # its peer lost: a consequence
     j.tick(5, "n0", "n1")
-    assert j.record["attempt"] == 1 and j.record["phase"] == "running" and j.record["restarts"] == 1
-    assert j.record["rendezvous"] == "tcp://10.9.0.10:40000"  # the port the rank-0 node offered, not the first one
-    assert j.record["world_urls"] == ["10.9.0.10", "10.9.0.11"]
-    cause = j.record["attempts"][1]["cause"]
-    assert (cause["node"], cause["kind"], cause["rc"]) == ("n1", "killed", -9)
+    assert j.record.attempt == 1 and j.record.phase == "running" and j.record.restarts == 1
+    assert j.record.rendezvous == "tcp://10.9.0.10:40000"  # the port the rank-0 node offered, not the first one
+    assert j.record.world_urls == ("10.9.0.10", "10.9.0.11")
+    cause = j.record.attempts[1].cause
+    assert cause is not None
+    assert (cause.node, cause.kind, cause.rc) == ("n1", "killed", -9)
     assert any("n1 failed first: its trainer was killed by signal 9" in line for line in j.log)
 
 
@@ -86,17 +97,17 @@ def test_restarts_end_when_the_same_node_fails_the_same_way_again_without_a_spar
         j.tick(3, "n0", "n1")
         j.exit("n1", -9)
         j.tick(5, "n0", "n1")
-    assert j.record["end"]["state"] == "failed" and j.record["restarts"] == 1
-    assert "the same way as in the attempt before" in j.record["end"]["reason"]
+    assert j.record.end.state == "failed" and j.record.restarts == 1
+    assert "the same way as in the attempt before" in j.record.end.reason
 
 
 def test_a_silent_node_is_lost_and_a_spare_takes_its_rank() -> None:
     j = Job(plan(nodes=3, spares=1))
     j.tick(3, "n0", "n1", "n2", "n3")
     j.tick(HT + 5, "n0", "n1", "n3")  # n2 is silent; its peers' trainers carry on (they would fail in a collective)
-    assert j.record["attempt"] == 1 and j.record["assignment"] == {"n0": 0, "n1": 1, "n3": 2}
-    assert "n2" in j.record["lost"] and j.record["attempts"][1]["cause"]["kind"] == "lost"
-    assert j.record["attempts"][1]["cause"]["detect_s"] >= HT  # from the last sign of life to the decision
+    assert j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n1": 1, "n3": 2}
+    assert "n2" in j.record.lost and j.record.attempts[1].cause.kind == "lost"
+    assert j.record.attempts[1].cause.detect_s >= HT  # from the last sign of life to the decision
 
 
 def test_a_node_lost_for_good_is_the_cause_although_its_peers_exited_first() -> None:
@@ -106,9 +117,10 @@ def test_a_node_lost_for_good_is_the_cause_although_its_peers_exited_first() -> 
     j.tick(3, "n0", "n1", "n2")
     j.exit("n0", 1)
     j.tick(HT + 5, "n0", "n2")  # n1 is gone: no exit, no report
-    assert j.record["attempt"] == 1 and j.record["assignment"] == {"n0": 0, "n2": 1}
-    cause = j.record["attempts"][1]["cause"]
-    assert (cause["node"], cause["kind"]) == ("n1", "lost"), cause
+    assert j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n2": 1}
+    cause = j.record.attempts[1].cause
+    assert cause is not None
+    assert (cause.node, cause.kind) == ("n1", "lost"), cause
     assert any(line.startswith("attempt 1: n1 failed first: ") for line in j.log), j.log
 
 
@@ -116,13 +128,13 @@ def test_a_hub_that_cannot_hear_a_majority_stops_its_attempt_and_starts_none() -
     j = Job(plan(nodes=2, spares=2))  # 4 members: 3 make a majority
     j.tick(3, "n0", "n1", "n2", "n3")
     j.tick(HT / 2 + 6, "n0", "n1")  # both spares fall silent: the trainers run, but the hub hears 2 of 4
-    assert j.record["phase"] in ("stopping", "waiting") and j.record["attempt"] == 0
+    assert j.record.phase in ("stopping", "waiting") and j.record.attempt == 0
     j.exit("n0", -15)
     j.exit("n1", -15)
     j.tick(10, "n0", "n1")
-    assert j.record["attempt"] == 0 and "majority" in j.record["waiting"]  # no new attempt without a majority
+    assert j.record.attempt == 0 and "majority" in j.record.waiting  # no new attempt without a majority
     j.tick(300, "n0", "n1")  # node_wait passes
-    assert j.record["end"]["state"] == "failed" and "(3 needed)" in j.record["end"]["reason"]
+    assert j.record.end.state == "failed" and "(3 needed)" in j.record.end.reason
 
 
 def test_a_hub_that_took_over_counts_the_old_hub_lost_learns_the_job_and_waits_a_grace_first() -> None:
@@ -131,14 +143,60 @@ def test_a_hub_that_took_over_counts_the_old_hub_lost_learns_the_job_and_waits_a
     launched.tick(2, "n0", "n1", "n2")
     old = launched.record
     j = Job(plans(job(["/home/0", "/home/1", "/home/2"], spares=1))["n1"], term=1, record=old, lost_hub="n0")
-    assert j.record["term"] == 1 and j.record["hub"] == "n1" and "n0" in j.record["lost"]
-    newer = {**old, "version": old["version"] + 5, "restarts": 2}
+    assert j.record.term == 1 and j.record.hub == "n1" and "n0" in j.record.lost
+    newer = dataclasses.replace(old, version=old.version + 5, restarts=2)
     j.hub.adopt(newer)  # a member heard more of the old hub than this one did
-    assert j.record["restarts"] == 2 and j.record["term"] == 1 and "n0" in j.record["lost"]
+    assert j.record.restarts == 2 and j.record.term == 1 and "n0" in j.record.lost
     j.tick(4, "n1", "n2")
-    assert j.record["attempt"] == 0  # the old attempt's last processes get a stop grace to end everywhere
+    assert j.record.attempt == 0  # the old attempt's last processes get a stop grace to end everywhere
     j.tick(p.watch.stop_grace + 5, "n1", "n2")
-    assert j.record["attempt"] == 1 and j.record["assignment"] == {"n1": 0, "n2": 1}
-    assert j.record["rendezvous"].startswith("tcp://10.9.0.11:") and j.record["restarts"] == 3
-    j.hub.adopt({**newer, "version": newer["version"] + 50})  # after acting, a hub adopts nothing
-    assert j.record["attempt"] == 1
+    assert j.record.attempt == 1 and j.record.assignment == {"n1": 0, "n2": 1}
+    assert j.record.rendezvous.startswith("tcp://10.9.0.11:") and j.record.restarts == 3
+    j.hub.adopt(dataclasses.replace(newer, version=newer.version + 50))  # after acting, a hub adopts nothing
+    assert j.record.attempt == 1
+
+
+def test_the_hub_lets_a_failures_cause_arrive_before_it_names_one() -> None:
+    """The killed node's exit reaches the hub a moment after its peer's (the peer's collective broke first): the hub
+    waits the settling time, then names the kill, not the consequence."""
+    j = Job(plan())
+    j.tick(3, "n0", "n1")
+    j.exit("n0", 1)  # "connection closed by peer"
+    j.report("n0")
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "running"  # not named yet
+    j.now += j.hub.timings.settle / 2
+    j.exit("n1", -9)  # its supervisor saw the kill first, but its report arrives second
+    j.trainers["n1"] = dataclasses.replace(j.trainers["n1"], ended=j.wall - 1)
+    j.report("n1")
+    j.now += j.hub.timings.settle / 2
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "stopping" and j.record.first_failure is not None
+    assert (j.record.first_failure.node, j.record.first_failure.kind) == ("n1", "killed")
+
+
+def test_a_member_whose_trainer_does_not_stop_is_lost_after_the_confirm_time() -> None:
+    """Heard, but its trainer still running after the stop grace and the confirm time: the node is lost (its trainer
+    may hold the attempt's rendezvous), and a spare takes its rank."""
+    j = Job(plan(nodes=2, spares=1))
+    j.tick(3, "n0", "n1", "n2")
+    j.exit("n0", -9)
+    stuck = j.trainers["n1"]
+    for _ in range(int(j.hub.timings.settle + j.hub.timings.confirm_stop) + 3):
+        j.report("n0", "n2")
+        j.hub.heard("n1", report("n1", stuck), j.now)  # it answers, and its trainer still runs attempt 0
+        j.now, j.wall = j.now + 1, j.wall + 1
+        j.hub.tick(j.now, j.wall)
+    assert j.record.lost.get("n1") == "it did not confirm that its trainer stopped", j.record.lost
+    assert j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n2": 1}
+
+
+def test_a_lost_member_heard_again_with_its_trainer_stopped_is_welcomed_back() -> None:
+    j = Job(plan())  # no spare: the hub waits for the lost node
+    j.tick(3, "n0", "n1")
+    j.tick(HT + 5, "n0")
+    assert j.record.phase == "waiting" and "n1" in j.record.lost
+    j.trainers["n1"] = dataclasses.replace(j.trainers["n1"], state=TrainerState.EXITED, rc=-9)
+    j.tick(3, "n0", "n1")
+    assert j.record.lost == {} and j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n1": 1}
+    assert "n1 answered again" in j.log

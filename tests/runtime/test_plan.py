@@ -63,7 +63,7 @@ def test_every_path_of_every_member_is_its_own(shared: bool) -> None:
                                          "CONFIG.DATA.TRAIN_DATA_PATH": f"{home}/data/k",
                                          "CONFIG.DATA.VAL_ANNO_PATH": f"{home}/data/k/val.txt",
                                          "CONFIG.DATA.VAL_DATA_PATH": f"{home}/data/k"}
-        assert plan.argv == (f"{home}/vidcluster/venv/bin/python", "-m", "trainer.train", "--config-file",
+        assert plan.argv == (f"{home}/vidcluster/venv/bin/python", "-P", "-m", "trainer.train", "--config-file",
                              f"{folder}/config.yaml")
         assert plan.env["PYTHONPATH"] == plan.paths.code_dir
         assert plan.env["GLOO_SOCKET_IFNAME"] == "eth0" and plan.env["CUDA_VISIBLE_DEVICES"] == ""

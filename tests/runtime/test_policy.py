@@ -6,35 +6,37 @@ from typing import Any
 
 import pytest
 
+from trainer.runtime import schema
 from trainer.runtime.policy import decide
-from trainer.runtime.verdict import exit_failure, failure, first_failure, words
+from trainer.runtime.record import Failure, Kind
+from trainer.runtime.verdict import exit_failure, first_failure, words
 
 
 def test_the_cause_comes_first_whatever_the_clocks_say() -> None:
     # node1 was killed; node0 noticed its peer was gone (exit 1) a moment *before* node1's supervisor saw the kill.
-    lost_peer = failure("node0", *exit_failure(1), at=100.0, rc=1)
-    killed = failure("node1", *exit_failure(-9), at=100.4, rc=-9)
-    assert first_failure([lost_peer, killed])["node"] == "node1"
+    lost_peer = Failure("node0", *exit_failure(1), at=100.0, rc=1)
+    killed = Failure("node1", *exit_failure(-9), at=100.4, rc=-9)
+    assert first_failure([lost_peer, killed]).node == "node1"
     said = words(first_failure([lost_peer, killed]))
     assert said == "node1 failed first: its trainer was killed by signal 9 (SIGKILL)"
-    bad_input = failure("node2", *exit_failure(2), at=101.0, rc=2)  # a bad input explains everything
-    assert first_failure([lost_peer, killed, bad_input])["kind"] == "rejected"
-    frozen = failure("node0", "frozen", "no heartbeat for 61 s", at=50.0)
-    assert first_failure([killed, frozen])["node"] == "node0"  # same rank of kinds: the earlier one
+    bad_input = Failure("node2", *exit_failure(2), at=101.0, rc=2)  # a bad input explains everything
+    assert first_failure([lost_peer, killed, bad_input]).kind == "rejected"
+    frozen = Failure("node0", Kind.FROZEN, "no heartbeat for 61 s", at=50.0)
+    assert first_failure([killed, frozen]).node == "node0"  # same rank of kinds: the earlier one
     assert first_failure([]) is None
     assert exit_failure(75)[0] == "preempted" and exit_failure(None)[0] == "killed"
-    with pytest.raises(ValueError, match="unknown failure kind"):
-        failure("node0", "crashed", "?", 0.0)
+    with pytest.raises(schema.SchemaError, match="failure: kind: 'crashed' is not one of rejected, stopped"):
+        schema.parse(Failure, {"node": "node0", "kind": "crashed", "reason": "?", "at": 0.0, "rc": None}, "failure")
 
 
-def choose(first: dict[str, Any], previous: dict[str, Any] | None = None, lost: dict[str, str] | None = None,
+def choose(first: Failure, previous: Failure | None = None, lost: dict[str, str] | None = None,
            available: tuple[str, ...] = (), used: int = 0, most: int = 3, waited: bool = False) -> Any:
     return decide(first=first, previous=previous, assignment={"node0": 0, "node1": 1, "node2": 2},
                   lost=lost or {}, available=available, restarts_used=used, max_restarts=most, waited=waited,
                   node_wait=300)
 
 
-KILLED = failure("node1", *exit_failure(-9), at=1.0, rc=-9)
+KILLED = Failure("node1", *exit_failure(-9), at=1.0, rc=-9)
 
 
 def test_a_failure_restarts_the_same_nodes_in_the_same_ranks() -> None:
@@ -45,10 +47,10 @@ def test_a_failure_restarts_the_same_nodes_in_the_same_ranks() -> None:
 
 
 def test_what_a_restart_cannot_fix_ends_the_job() -> None:
-    rejected = choose(failure("node2", *exit_failure(2), at=1.0, rc=2), available=("spare",))
+    rejected = choose(Failure("node2", *exit_failure(2), at=1.0, rc=2), available=("spare",))
     assert (rejected.action, rejected.end_state) == ("end", "failed")
     assert "a restart cannot fix a bad input" in rejected.reason
-    stopped = choose(failure("node0", "stopped", "stopped by user: stop-training.yml", at=1.0))
+    stopped = choose(Failure("node0", Kind.STOPPED, "stopped by user: stop-training.yml", at=1.0))
     assert (stopped.action, stopped.end_state) == ("end", "stopped")
     used = choose(KILLED, used=3)
     assert used.action == "end" and "no restart left (3 of 3 used)" in used.reason
@@ -61,12 +63,12 @@ def test_a_node_failing_again_is_replaced_by_a_spare_or_given_up_on() -> None:
     assert again.assignment == {"node0": 0, "spare": 1, "node2": 2}  # the healthy nodes keep their ranks
     no_spare = choose(KILLED, previous=KILLED, used=1)
     assert no_spare.action == "end" and "the same way as in the attempt before" in no_spare.reason
-    other_way = choose(KILLED, previous=failure("node1", "frozen", "no heartbeat", at=0.0), used=1)
+    other_way = choose(KILLED, previous=Failure("node1", Kind.FROZEN, "no heartbeat", at=0.0), used=1)
     assert other_way.action == "restart" and other_way.replaced == {}
 
 
 def test_a_lost_node_is_replaced_and_rank_0_moves_to_the_node_with_the_second_copy() -> None:
-    lost = failure("node0", "lost", "it stopped answering the hub", at=1.0)
+    lost = Failure("node0", Kind.LOST, "it stopped answering the hub", at=1.0)
     decision = choose(lost, lost={"node0": "it stopped answering the hub"}, available=("node1", "spare"))
     assert decision.action == "restart" and decision.replaced == {"node0": "spare"}
     assert decision.assignment == {"node1": 0, "spare": 1, "node2": 2}
@@ -75,3 +77,11 @@ def test_a_lost_node_is_replaced_and_rank_0_moves_to_the_node_with_the_second_co
     assert "no spare: waiting up to 300 s for it to come back" in waiting.reason
     over = choose(lost, lost={"node0": "it stopped answering the hub"}, waited=True)
     assert over.action == "end" and "did not come back within 300 s" in over.reason
+
+
+def test_the_same_node_failing_with_another_status_is_given_another_try() -> None:
+    """"The same way" is the same kind and the same exit status: a crash (1) after another crash (3) is not a loop."""
+    crashed = Failure("node1", *exit_failure(3), at=1.0, rc=3)
+    again = Failure("node1", *exit_failure(1), at=2.0, rc=1)
+    assert choose(again, previous=crashed, used=1).action == "restart"
+    assert choose(again, previous=again, used=1).action == "end"

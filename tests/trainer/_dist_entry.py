@@ -5,6 +5,10 @@ or with ``--local_rank N``). Each worker writes ``rank<global rank>.json`` into 
 (CONFIG.LOG.BASE_PATH with EXP_NAME ''). A worker whose rank is in $VCT_FAIL_RANK raises instead. Each worker also
 updates precise BatchNorm statistics on its own batches (``precise_bn_batches``), so every launch mode checks that
 they are averaged over all ranks.
+
+Under torchrun, the worker whose RANK is $VCT_DIE_RANK dies (SIGKILL's status, no exception) after its first
+collective in the first attempt, and comes 3 s late to the group of every later attempt: its peers read the
+rendezvous store before it writes anything there.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -44,6 +49,8 @@ def record(ctx: DistContext, cfg: Config) -> None:
     if str(ctx.rank) == os.environ.get("VCT_FAIL_RANK"):
         raise ValueError(f"worker with rank {ctx.rank} fails on purpose")
     total = all_reduce_sum(torch.tensor([float(ctx.rank + 1)]))
+    if _dies_now(ctx.rank):
+        os._exit(9)
     result = {
         "rank": ctx.rank,
         "world_size": ctx.world_size,
@@ -64,9 +71,19 @@ def record(ctx: DistContext, cfg: Config) -> None:
         "dist_url": ctx.dist_url,
         "precise_bn": precise_bn(ctx, cfg),
         "pid": os.getpid(),
+        "attempt": _attempt(),
+        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
     }
     barrier(ctx)
     (run_dir(cfg) / f"rank{ctx.rank}.json").write_text(json.dumps(result))
+
+
+def _attempt() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _dies_now(rank: int) -> bool:
+    return str(rank) == os.environ.get("VCT_DIE_RANK") and _attempt() == 0
 
 
 def main() -> None:
@@ -75,6 +92,8 @@ def main() -> None:
     add_launcher_args(parser)
     parser.add_argument("opts", nargs="*", default=[])
     args = parser.parse_args()
+    if os.environ.get("RANK") == os.environ.get("VCT_DIE_RANK") and _attempt() > 0:
+        time.sleep(3)
     launch(record, load_config(args.config_file, args.opts), local_rank=args.local_rank)
 
 

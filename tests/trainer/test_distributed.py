@@ -152,7 +152,51 @@ def test_torchrun_environment_decides(tmp_path: Path) -> None:
     args = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
     ((rc, err),) = finish([start([*args, "--master_port", str(port), str(ENTRY), "--config-file", str(cfg)])])
     assert rc == 0, err
-    assert_world(records(tmp_path, 2), world=2, per_node=2)
+    recs = records(tmp_path, 2)
+    assert_world(recs, world=2, per_node=2)
+    # Nothing told gloo an interface: the trainer chose the one that routes to the rendezvous host, as the launcher
+    # would (not what this host's name happens to resolve to).
+    assert [rec["gloo_socket_ifname"] for rec in recs] == ["lo", "lo"]
+
+
+def test_a_torchrun_restart_forms_a_new_group_though_the_agents_store_keeps_the_last_attempts_keys(
+    tmp_path: Path,
+) -> None:
+    # Rank 0 dies in attempt 0 and comes 3 s late to attempt 1, so rank 1 reads the store before rank 0 writes to it
+    # (in gloo's mesh the higher rank connects to the lower one's address): with the store torchrun's agent keeps
+    # across restarts, it would read rank 0's address of attempt 0, connect to a port nobody listens on and fail (one
+    # run in three hung there instead, when the timing made it so); with one restart allowed, the run would end 1.
+    cfg = write_cfg(tmp_path, ddp_cfg(tmp_path, TIMEOUT_SECONDS=60))
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1"]
+    ((rc, err),) = finish([start([*args, str(ENTRY), "--config-file", str(cfg)], VCT_DIE_RANK="0")], timeout=300)
+    assert rc == 0, err[-3000:]
+    recs = records(tmp_path, 2)
+    assert [rec["attempt"] for rec in recs] == [1, 1]
+    assert_world(recs, world=2, per_node=2)
+
+
+def test_a_group_that_cannot_form_ends_the_process_within_the_timeout(tmp_path: Path) -> None:
+    # A wait that raises nothing (gloo connecting to a peer that died while connecting): the watch ends the process
+    # with status 1 (a restart may help) and one line, 5 s after TIMEOUT_SECONDS (the timeout's own error comes first
+    # wherever torch honours it).
+    stuck = textwrap.dedent(
+        """
+        import logging, time
+        from trainer.distributed import _Plan, _formed_within
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+        plan = _Plan(node_rank=0, num_nodes=1, per_node=2, backend="gloo", dist_url="tcp://127.0.0.1:9",
+                     init_method="env://", timeout_s=2, use_cuda=False, from_env=True)
+        with _formed_within(plan.context(1), plan):
+            time.sleep(60)
+        """
+    )
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", stuck], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert time.monotonic() - started < 2 + 5 + 10
+    assert "rank 1 of 2: the process group did not form within 2s at tcp://127.0.0.1:9" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def srun_env(rank: int, world: int = 2, **extra: str) -> dict[str, str]:
@@ -284,7 +328,7 @@ PROBE = textwrap.dedent(
     import json
     from trainer.config import DDPConfig
     from trainer.distributed import (DistributedError, _proc_addresses, interface_addresses, local_addresses,
-                                     resolve_node_rank)
+                                     resolve_node_rank, route_interface)
 
     def rank(urls, world_rank=0):
         ddp = DDPConfig(AUTO_RANK_MATCH=True, WORLD_SIZE=len(urls), WOLRD_URLS=urls, DIST_URL=f"tcp://{urls[0]}:29500",
@@ -301,6 +345,8 @@ PROBE = textwrap.dedent(
         "both": rank(["10.231.0.5", "10.231.1.7"]),
         "claimed_right": rank(["10.231.9.9", "10.231.1.7", "10.231.2.2"], world_rank=1),
         "claimed_wrong": rank(["10.231.9.9", "10.231.1.7", "10.231.2.2"], world_rank=2),
+        "routes": [route_interface(url) for url in ("tcp://10.231.1.9:29500", "tcp://[fd00:231::9]:29500",
+                                                    "tcp://127.0.0.1:29500", "tcp://no-such-host.invalid:29500")],
         "addresses": local_addresses(),
         "interfaces": interface_addresses(),
         "proc": _proc_addresses(),
@@ -367,3 +413,9 @@ def test_auto_rank_match_checks_a_world_rank_the_file_claims(probe: dict[str, An
     # 0 (GluonCV's tutorial file on every node) leaves the rank to the match; any other rank must agree with it.
     assert probe["v4"] == 1 and probe["claimed_right"] == 1
     assert probe["claimed_wrong"].startswith("DDP_CONFIG.WORLD_RANK is 2 but AUTO_RANK_MATCH finds this host at rank 1")
+
+
+def test_the_interface_is_the_one_that_routes_to_the_rendezvous_host(probe: dict[str, Any]) -> None:
+    # 10.231.1.9 and fd00:231::9 are on vct0's subnets, 127.0.0.1 is this host's loopback; a name that does not
+    # resolve leaves the choice to gloo (and the log says so).
+    assert probe["routes"] == ["vct0", "vct0", "lo", None]

@@ -29,8 +29,9 @@ from trainer.config import validate_config
 from trainer.data import VideoClipDataset, build_dataset, build_loader
 from trainer.data.loader import set_loader_epoch, skip_batches
 from trainer.errors import UserError
-from trainer.reporting import ATTEMPT_ENV, attempt_from_env, read_metrics, read_records
+from trainer.reporting import attempt_from_env, read_metrics, read_records
 from trainer.resume import NodeCheckpoints, choose_checkpoint
+from trainer.runtime.contract import ATTEMPT_ENV
 
 EPOCHS = 3  # 6 optimizer steps each: 12 clips per rank in batches of 2
 EVERY_STEP = 1e-6  # CHECKPOINT_MINUTES so short that a checkpoint is due after every step

@@ -11,16 +11,21 @@ the cost of shards that may differ in length by one.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import multiprocessing
+import multiprocessing.util
 import random
 import signal
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Sampler, get_worker_info
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data.dataset import Split, VideoClipDataset
@@ -122,8 +127,8 @@ def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def seed_worker(worker_id: int) -> None:
     """Seed numpy, random and torch in a worker from its torch seed (loader generator's base seed + id). A stop
-    signal sent to the whole process group is the training process's to act on: the worker ignores it (it ends
-    with its parent)."""
+    signal sent to the whole process group is the training process's to act on: the worker ignores it, and ends when
+    its process ends it (`end_workers`)."""
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
@@ -131,6 +136,44 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     torch.set_num_threads(1)  # workers run side by side; one thread each avoids oversubscribing the cores
+
+
+# The loaders this process built, whose persistent workers may still run. The workers ignore SIGTERM (above), which is
+# how multiprocessing ends daemonic children at exit before it joins them: left to it, a run that is done would wait
+# forever for workers that never got their stop. `end_workers` is that stop.
+_built: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+
+
+def end_workers() -> None:
+    """End the worker processes of every loader this process built, and wait for them: told to stop as torch tells
+    them, then killed if they have not stopped within torch's grace (5 s: a worker stuck in a decoder), or at once
+    when the interpreter is already exiting (torch then no longer tells them). Every command calls it when its run
+    ends, fails or is stopped; multiprocessing calls it at exit before it joins this process's children (a command
+    that did not)."""
+    for loader in list(_built):
+        workers = loader._iterator  # persistent workers: the loader keeps its one iterator, and torch has no close()
+        if isinstance(workers, _MultiProcessingDataLoaderIter):
+            workers._shutdown_workers()
+            for process in workers._workers:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        loader._iterator = None
+        _built.discard(loader)
+
+
+@contextlib.contextmanager
+def loader_workers() -> Iterator[None]:
+    """A command's run: every loader worker of this process has ended when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        end_workers()
+
+
+# Before multiprocessing's own exit step (terminate, then join, every daemonic child), in every process: the main one
+# (at exit) and multiprocessing's children (spawned trainers), whose exit runs no atexit hook first.
+multiprocessing.util.Finalize(None, end_workers, exitpriority=100)
 
 
 def _rank_and_world(ctx: DistContext | None) -> tuple[int, int]:
@@ -166,10 +209,15 @@ def build_loader(
                    else MultigridBatchSampler(sampler, schedule, drop_last))  # type: ignore[arg-type]
         batching = {"batch_sampler": ResumableBatches(batches)}
     workers = cfg.CONFIG.DATA.NUM_WORKERS
-    return DataLoader(
+    # Forked workers, whatever started this process: a training process the trainer spawned would otherwise start its
+    # loader workers the way it was started itself (multiprocessing passes its start method on), each a new
+    # interpreter that imports torch, seconds to start and seconds to end, where a fork takes milliseconds.
+    context = "fork" if workers > 0 and "fork" in multiprocessing.get_all_start_methods() else None
+    loader = DataLoader(
         dataset,
         **batching,
         num_workers=workers,
+        multiprocessing_context=context,
         collate_fn=collate_clips,
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed + rank),
@@ -177,6 +225,8 @@ def build_loader(
         prefetch_factor=cfg.CONFIG.DATA.PREFETCH_FACTOR if workers > 0 else None,
         pin_memory=torch.cuda.is_available() and dataset.decoder.device == "cpu",  # GPU-decoded clips are there
     )
+    _built.add(loader)
+    return loader
 
 
 def _resumable(loader: Iterable[Any]) -> ResumableBatches:

@@ -9,6 +9,8 @@
     stop JOB_DIR [--grace S] [--by WHO] [--reason WHY]
                                    stop the job here: the trainer checkpoints at a common step, SIGKILL after the
                                    plan's stop grace (or S seconds); idempotent
+    keep-secret JOB_DIR            the launch's key for the job's watch, read from stdin, into the job folder's secret
+                                   file: created readable by its owner alone (0600), never in another mode for a moment
     supervise JOB_DIR [--hub ADDR] (what start runs)
 
 Every verb but supervise prints one JSON object. The launcher reaches them through trainer.runtime.layout's entry
@@ -27,29 +29,46 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, procs, report
+from trainer.runtime import layout, nodestate, procs, report, wire
+from trainer.runtime.contract import JOB_DIR_ENV
+from trainer.runtime.plan import NodePlan, PlanError
 
 
 def start(job_dir: str, hub: str | None) -> dict[str, Any]:
-    current = nodestate.status(job_dir)
-    if current["state"] == "running":
-        raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current['pid']}); "
+    current = nodestate.node_state(job_dir)
+    if current is not None and nodestate.supervisor_alive(job_dir, current):
+        raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current.pid}); "
                          "stop it first")
-    argv = [sys.executable, "-m", "trainer.runtime", "supervise", job_dir, *(["--hub", hub] if hub else [])]
-    env = {**os.environ, procs.JOB_ENV: job_dir}
+    argv = [sys.executable, *layout.RUNTIME_FLAGS, "-m", "trainer.runtime", "supervise", job_dir,
+            *(["--hub", hub] if hub else [])]
+    env = {**os.environ, JOB_DIR_ENV: job_dir}
     with (Path(job_dir) / layout.LOG_FILE).open("ab") as log:
         # A new session: the job outlives the SSH connection that started it.
         proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + 30
-    state: dict[str, Any] = {}
     while time.monotonic() < deadline and proc.poll() is None:
-        state = nodestate.read_json(Path(job_dir) / layout.STATE_FILE) or {}
-        if state.get("pid") == proc.pid and state.get("addr"):
-            return {"pid": proc.pid, "addr": state["addr"], "mode": state.get("mode"), "state": "running"}
+        state = nodestate.node_state(job_dir)
+        if state is not None and state.pid == proc.pid and state.addr:
+            return {"pid": proc.pid, "addr": state.addr, "mode": state.mode.value, "state": "running"}
         time.sleep(0.05)
     tail = "; ".join(nodestate.log_tail(job_dir, 5))
     raise SystemExit(f"error: the supervisor did not start (exit status {proc.poll()}): {tail}")
+
+
+def keep_secret(job_dir: str, secret: bytes) -> dict[str, Any]:
+    """Write the watch's key: a new file made 0600 by the call that creates it, then renamed over the old one."""
+    try:
+        wire.Keyring(secret)  # refuses a key too short to be one
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    path = Path(job_dir) / layout.SECRET_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(secret + b"\n")
+    os.replace(tmp, path)
+    return {"changed": True}
 
 
 def wait(job_dir: str, seconds: float, since: str) -> dict[str, Any]:
@@ -62,11 +81,11 @@ def wait(job_dir: str, seconds: float, since: str) -> dict[str, Any]:
 
 
 def stop(job_dir: str, grace: float, by: str, reason: str) -> dict[str, Any]:
-    state = nodestate.read_json(Path(job_dir) / layout.STATE_FILE)
+    state = nodestate.node_state(job_dir)
     if not nodestate.supervisor_alive(job_dir, state) and not procs.job_processes(job_dir):
         return {"changed": False, **nodestate.status(job_dir)}
-    pid = (state or {}).get("pid")
-    if isinstance(pid, int) and procs.belongs(pid, job_dir):
+    if state is not None and procs.belongs(state.pid, job_dir):
+        pid = state.pid
         nodestate.request_stop(job_dir, pid, by, reason)
         procs.signal_all([pid], signal.SIGTERM)  # the supervisor tells its trainer to checkpoint and stop, then ends
         deadline = time.monotonic() + grace + 10
@@ -74,6 +93,14 @@ def stop(job_dir: str, grace: float, by: str, reason: str) -> dict[str, Any]:
             time.sleep(0.2)
     left = procs.end(job_dir, 2.0)  # whatever is left of the job here (a supervisor that did not end in time)
     return {"changed": True, "left": left, **nodestate.status(job_dir)}
+
+
+def planned_grace(job_dir: str) -> float:
+    """The plan's stop grace; a plan this runtime cannot read gives its trainers none (they are killed at once)."""
+    try:
+        return NodePlan.read(str(Path(job_dir) / layout.PLAN_FILE)).watch.stop_grace
+    except PlanError:
+        return 0.0
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -84,6 +111,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         sub.add_argument("job_dir")
         sub.add_argument("--hub", default=None, help="where the job's hub listens (host:port); none: be the hub")
     verbs.add_parser("status").add_argument("job_dir")
+    verbs.add_parser("keep-secret").add_argument("job_dir")
     sub = verbs.add_parser("wait")
     sub.add_argument("job_dir")
     sub.add_argument("seconds", type=float)
@@ -109,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         result = nodestate.status(job_dir)
     elif args.verb == "wait":
         result = wait(job_dir, args.seconds, args.since)
+    elif args.verb == "keep-secret":
+        result = keep_secret(job_dir, sys.stdin.buffer.read().strip())
     else:
-        plan = nodestate.read_json(Path(job_dir) / layout.PLAN_FILE) or {}
-        grace = args.grace if args.grace is not None else float((plan.get("watch") or {}).get("stop_grace", 15))
-        result = stop(job_dir, grace, args.by, args.reason)
+        result = stop(job_dir, args.grace if args.grace is not None else planned_grace(job_dir), args.by, args.reason)
     print(json.dumps(result))
     return 0
 

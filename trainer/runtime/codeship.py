@@ -6,8 +6,12 @@ sha256sum) and on the nodes as ``python3 -c "<this file>" ...``.
     archive SRC OUT           write OUT, a .tar.gz of the folder SRC (sorted names, fixed times, owners and modes,
                               no gzip timestamp), unless OUT holds those bytes already; print
                               {"version", "changed", "manifest"}
-    verify DIR                print {"manifest": [...]}: "<sha256>  <path>" of every file below DIR, sorted ([] if
-                              there is no DIR)
+    verify DIR                print {"manifest": [...]}: "<sha256>  <path>" of every file below the code version's
+                              folder DIR (``trainer/...``, and anything else someone put there: a
+                              ``sitecustomize.py`` would run in every job process, as DIR is their PYTHONPATH),
+                              sorted ([] if there is no DIR). Refused (exit status 2, one line) when DIR, its folder
+                              of versions or anything below DIR is writable by others than its owner, or not ours:
+                              what others may change there, no checksum can vouch for
     install ARCHIVE DIR       unpack ARCHIVE beside DIR (a code version's folder), move it into place in one rename
                               (a job never sees half a version), delete ARCHIVE; print {"changed": true}
 """
@@ -20,33 +24,66 @@ import io
 import json
 import os
 import shutil
+import stat
 import sys
 import tarfile
 import tempfile
+from typing import Any
 
-SKIP_DIRS = {"__pycache__"}
-SKIP_SUFFIXES = (".pyc",)
+SKIP_DIRS = {"__pycache__"}  # Python's own caches: checked for who may write them, not for what they hold
+SKIP_SUFFIXES = (".pyc",)  # not shipped; on a node, one outside a cache folder is listed (Python would import it)
 
 
-def files(root: str) -> list[str]:
-    """Every file below ``root`` that is code (no caches), as sorted paths relative to ``root``."""
+class CodeError(Exception):
+    """A code folder that cannot be trusted (the message names the path)."""
+
+
+def files(root: str, suffixes: tuple[str, ...] = SKIP_SUFFIXES) -> list[str]:
+    """Every file below ``root`` but Python's caches (and names ending in ``suffixes``), as sorted paths relative to
+    ``root``."""
     found = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
-        found += [os.path.relpath(os.path.join(folder, n), root) for n in names if not n.endswith(SKIP_SUFFIXES)]
+        found += [os.path.relpath(os.path.join(folder, n), root) for n in names if not n.endswith(suffixes)]
     return sorted(found)
 
 
-def manifest(root: str) -> list[str]:
-    """``<sha256>  <path>`` of every file below ``root`` (``path`` starting with the folder's own name)."""
+def manifest(root: str, prefix: str, suffixes: tuple[str, ...] = SKIP_SUFFIXES) -> list[str]:
+    """``<sha256>  <prefix><path>`` of every file below ``root`` (``files``)."""
     if not os.path.isdir(root):
         return []
     lines = []
-    for rel in files(root):
+    for rel in files(root, suffixes):
         with open(os.path.join(root, rel), "rb") as handle:
             digest = hashlib.sha256(handle.read()).hexdigest()
-        lines.append(f"{digest}  {os.path.join(os.path.basename(root.rstrip('/')), rel)}")
+        lines.append(f"{digest}  {prefix}{rel}")
     return lines
+
+
+def writable_by_others(code_dir: str) -> list[str]:
+    """The code version's folder of versions, the folder itself and everything below it (caches included) that
+    another user could change: group- or world-writable, or owned by someone else."""
+    paths = [os.path.dirname(code_dir.rstrip("/")), code_dir]
+    for folder, dirs, names in os.walk(code_dir):
+        paths += [os.path.join(folder, name) for name in dirs + names]
+    found = []
+    for path in paths:
+        info = os.lstat(path)
+        if (info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(info.st_mode)) \
+                or info.st_uid != os.getuid():
+            found.append(f"{path} (mode {stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid})")
+    return found
+
+
+def verify(code_dir: str) -> dict[str, Any]:
+    """The manifest of everything in the code version's folder, or CodeError when others could change it."""
+    if not os.path.isdir(code_dir):
+        return {"manifest": []}
+    others = writable_by_others(code_dir)
+    if others:
+        raise CodeError(f"{others[0]}: writable by others than its owner, so the job's code could be changed under "
+                        f"it; remove {code_dir} (it is shipped again) or make it yours alone (chmod -R go-w)")
+    return {"manifest": manifest(code_dir, "", suffixes=())}
 
 
 def archive_bytes(src: str) -> bytes:
@@ -69,7 +106,7 @@ def archive_bytes(src: str) -> bytes:
     return packed.getvalue()
 
 
-def archive(src: str, out: str) -> dict:
+def archive(src: str, out: str) -> dict[str, Any]:
     data = archive_bytes(src)
     changed = True
     if os.path.isfile(out):
@@ -80,12 +117,14 @@ def archive(src: str, out: str) -> dict:
         with open(tmp, "wb") as handle:
             handle.write(data)
         os.replace(tmp, out)
-    return {"version": hashlib.sha256(data).hexdigest()[:16], "changed": changed, "manifest": manifest(src)}
+    name = os.path.basename(src.rstrip("/"))
+    return {"version": hashlib.sha256(data).hexdigest()[:16], "changed": changed,
+            "manifest": manifest(src, f"{name}/")}
 
 
-def install(archive_path: str, final: str) -> dict:
+def install(archive_path: str, final: str) -> dict[str, Any]:
     root, version = os.path.split(final.rstrip("/"))
-    os.makedirs(root, exist_ok=True)
+    os.makedirs(root, mode=0o755, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f"{version}.unpack.", dir=root)
     with tarfile.open(archive_path) as tar:
         if hasattr(tarfile, "data_filter"):
@@ -103,7 +142,11 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["archive"] and len(argv) == 3:
         result = archive(argv[1], argv[2])
     elif argv[:1] == ["verify"] and len(argv) == 2:
-        result = {"manifest": manifest(os.path.join(argv[1], "trainer"))}
+        try:
+            result = verify(argv[1])
+        except CodeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     elif argv[:1] == ["install"] and len(argv) == 3:
         result = install(argv[1], argv[2])
     else:

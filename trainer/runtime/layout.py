@@ -18,11 +18,11 @@ that share a home directory never share a file. Each file has one writer:
     weights-table.json  the launch   the site's table of weights (VIDCLUSTER_WEIGHTS_TABLE), when there is one
     trainer-code.tar.gz  the launch  a code version on its way into <code_root>/<version> (deleted once unpacked)
 
-The trainer writes the run directory (the config's LOG.BASE_PATH/EXP_NAME; ``run_files``): status.json,
-metrics.jsonl, the log (LOG.LOG_FILENAME), curves.png, weights_digest.json, config.yaml and the checkpoints
-(LOG.SAVE_DIR). The trainer code lives in ``code_dir(code_root, version)``/trainer, one folder per version.
+The trainer writes the run directory (the config's LOG.BASE_PATH/EXP_NAME; its files are named in
+trainer.runtime.contract) and the checkpoints (LOG.SAVE_DIR). The trainer code lives in
+``code_dir(code_root, version)``/trainer, one folder per version.
 
-On a node, the launcher runs ``python3 -c "<this file>" VERB --jobs-dir DIR --job JOB --node NODE [ARGS...]``: this
+On a node, the launcher runs ``python3 -I -c "<this file>" VERB --jobs-dir DIR --job JOB --node NODE [ARGS...]``: this
 finds the job's folder, reads its plan, and runs ``python -m trainer.runtime VERB JOB_DIR ARGS...`` with the plan's
 Python and the job's own code version. Without ``--job`` the verb runs for every job of the node (one JSON line
 each); a job without a plan here prints ``{"state": "none"}``.
@@ -47,17 +47,14 @@ HEARTBEAT_DIR = "heartbeat"
 SITE_WEIGHTS_TABLE = "weights-table.json"
 CODE_ARCHIVE = "trainer-code.tar.gz"  # a code version on its way to the node (unpacked, then deleted)
 
-# The trainer's run directory: what a finished run leaves there (besides the log and checkpoints, whose names are
-# config keys), in the order the launcher collects them.
-STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.png"
-DIGEST_FILE = "weights_digest.json"
-RUN_CONFIG_FILE = "config.yaml"
-
 DEFAULT_JOBS_DIR = "~/vidcluster/jobs"
 DEFAULT_CODE_ROOT = "~/vidcluster/code"
-WEIGHTS_CACHE = "~/.cache/vidcluster/weights"
+# How every Python process of a job starts (the runtime's verbs, its supervisor, the trainer): never with the working
+# directory (an SSH login's home) first on sys.path, where a stray ~/trainer/ would run instead of the job's code.
+SAFE_PATH = ("-P",)
+# The runtime (standard library only) also without site: no sitecustomize.py, no .pth file runs in its verbs, which
+# run before the launcher has checked the node's copy of the code (its folder is their PYTHONPATH).
+RUNTIME_FLAGS = (*SAFE_PATH, "-S")
 # A job id names folders on every node: no separators, no leading dot, nothing a shell or a path would read.
 JOB_ID_CHARS = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
 
@@ -99,11 +96,6 @@ def env_python(env_path: str, home: str) -> str:
     return posixpath.join(node_path(env_path, home), "bin", "python")
 
 
-def run_files(log_filename: str) -> list[str]:
-    """The run directory's files the launcher collects from the rank-0 node when a job ends, required ones first."""
-    return [METRICS_FILE, STATUS_FILE, CURVES_FILE, log_filename, DIGEST_FILE, RUN_CONFIG_FILE]
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The entry point on a node (run as ``python3 -c "<this file>" ...``; no other module of the runtime is importable yet)
 
@@ -121,7 +113,7 @@ def _run(verb: str, folder: str, rest: list[str], replace: bool) -> int:
     if plan is None:
         print(json.dumps({"job_dir": folder, "state": "none"}), flush=True)
         return 0
-    argv = [plan["paths"]["env_python"], "-m", "trainer.runtime", verb, folder, *rest]
+    argv = [plan["paths"]["env_python"], *RUNTIME_FLAGS, "-m", "trainer.runtime", verb, folder, *rest]
     env = {**os.environ, "PYTHONPATH": plan["paths"]["code_dir"]}
     if replace:
         os.execve(argv[0], argv, env)

@@ -1,8 +1,8 @@
 """This node's trainer, one attempt at a time: started and stopped to match the job's record, and watched.
 
-The supervisor calls ``reconcile`` with every record it hears and ``poll`` every moment; the node starts the trainer
-for an attempt that assigns it a rank (once per attempt), stops it when the record no longer wants it, notices when it
-exits or freezes, and says all of that in ``report``, which goes to the hub.
+The supervisor calls ``reconcile`` with every record it hears and ``poll`` every tick; the node starts the trainer for
+an attempt that assigns it a rank (once per attempt), stops it when the record no longer wants it, notices when it
+exits or freezes, and says so in ``trainer`` and ``trouble``, which go to the hub in the member's reports.
 
 Stopping: a trainer that is stopped because the attempt is over gets SIGTERM; one stopped for a user or a
 preemption gets SIGUSR1 (the trainer then checkpoints at a step every rank agrees on and exits with status 75); a
@@ -12,23 +12,34 @@ frozen one gets SIGKILL. Whatever is left after the plan's stop grace gets SIGKI
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from trainer.runtime import layout, procs
+from trainer.runtime.contract import (
+    ATTEMPT_ENV,
+    ATTEMPT_FIELDS,
+    HEARTBEAT_DIR_ENV,
+    HEARTBEAT_INTERVAL_ENV,
+    JOB_DIR_ENV,
+    TRAINER_ENV,
+    thread_budget,
+)
+from trainer.runtime.messages import IDLE, Trainer, TrainerState, Trouble
 from trainer.runtime.nodestate import read_json
 from trainer.runtime.plan import NodePlan
+from trainer.runtime.record import JobRecord, Kind, Phase
+from trainer.runtime.schema import JsonObject
 
-HEARTBEAT_DIR_ENV = "VIDCLUSTER_HEARTBEAT_DIR"
-HEARTBEAT_INTERVAL_ENV = "VIDCLUSTER_HEARTBEAT_INTERVAL"
-ATTEMPT_ENV = "VIDCLUSTER_ATTEMPT"
+PROGRESS_LIMIT = 16 * 1024  # bytes of rank 0's status.json a report carries whole (the watch's lines are bounded)
+PROGRESS_KEYS = ("state", "epoch", "epochs", "step", "steps_per_epoch", "metrics", "clips_per_s", "eta_s")
 
 
 def free_port(ip: str) -> int:
@@ -39,66 +50,76 @@ def free_port(ip: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def attempt_env(attempt: int, record: JobRecord) -> dict[str, str]:
+    """The trainer's account of what ended the attempt before this one (contract.ATTEMPT_ENV), if one did."""
+    cause = record.cause
+    if cause is None:
+        return {}
+    told = {"attempt": attempt, "cause": cause.kind.value, "node": cause.node, "detected_at": cause.detected_at,
+            "detect_s": cause.detect_s, "failed_step": cause.failed_step}
+    assert told.keys() == ATTEMPT_FIELDS.keys()
+    return {ATTEMPT_ENV: json.dumps(told)}
+
+
 class Node:
     def __init__(self, plan: NodePlan, say: Callable[[str], None]) -> None:
         self.plan = plan
+        self.timings = plan.timings
         self.job_dir = plan.paths.job_dir
         self.say = say
-        self.interval = max(0.5, plan.watch.heartbeat_timeout / 6)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.trainer: dict[str, Any] = {"attempt": None, "state": "idle", "rc": None, "rank": None, "pid": None}
-        self.failure: dict[str, Any] | None = None  # what this node saw go wrong in its current attempt
+        self.trainer: Trainer = IDLE
+        self.trouble: Trouble | None = None  # what this node saw go wrong in its current attempt
         self.started_attempts: set[int] = set()
         self.stop_deadline: float | None = None
         self.stop_asked = False  # a user's stop or a preemption: the trainer must not be started again here
 
     @property
     def running(self) -> bool:
-        return self.trainer["state"] == "running"
+        return self.trainer.running
 
     # -- matching the record ---------------------------------------------------------------------------------------
 
-    def reconcile(self, record: Mapping[str, Any]) -> None:
-        attempt, rank = record["attempt"], record["assignment"].get(self.plan.node)
-        wanted = record["end"] is None and record["phase"] == "running" and rank is not None and not self.stop_asked
-        if wanted and not self.running and attempt not in self.started_attempts:
+    def reconcile(self, record: JobRecord) -> None:
+        attempt, rank = record.attempt, record.rank_of(self.plan.node)
+        wanted = record.end is None and record.phase == Phase.RUNNING and rank is not None and not self.stop_asked
+        if wanted and rank is not None and not self.running and attempt not in self.started_attempts:
             self.start(attempt, rank, record)
-        elif self.running and (not wanted or self.trainer["attempt"] != attempt):
-            why = record["end"]["reason"] if record["end"] else f"attempt {self.trainer['attempt']} is over"
+        elif self.running and (not wanted or self.trainer.attempt != attempt):
+            why = record.end.reason if record.end is not None else f"attempt {self.trainer.attempt} is over"
             self.stop(why, signal.SIGTERM)
 
-    def start(self, attempt: int, rank: int, record: Mapping[str, Any]) -> None:
+    def start(self, attempt: int, rank: int, record: JobRecord) -> None:
         beats = Path(self.job_dir) / layout.HEARTBEAT_DIR
         beats.mkdir(exist_ok=True)
         for old in beats.iterdir():
             old.unlink()
-        env = {**os.environ, **self.plan.env, procs.JOB_ENV: self.job_dir, procs.TRAINER_ENV: str(attempt),
-               HEARTBEAT_DIR_ENV: str(beats), HEARTBEAT_INTERVAL_ENV: str(self.interval)}
+        env = {**os.environ, **self.plan.env, JOB_DIR_ENV: self.job_dir, TRAINER_ENV: str(attempt),
+               HEARTBEAT_DIR_ENV: str(beats), HEARTBEAT_INTERVAL_ENV: str(self.timings.report_every),
+               **attempt_env(attempt, record)}
         if int(env.get("OMP_NUM_THREADS", "0") or 0) <= 0:
-            # Share the node's cores between its workers instead of every worker taking all of them.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, self.plan.workers)))
-        cause = record["attempts"][-1].get("cause") if record["attempts"] else None
-        if cause:
-            env[ATTEMPT_ENV] = json.dumps({"attempt": attempt, **{k: cause.get(k) for k in (
-                "node", "kind", "reason", "detected_at", "detect_s", "failed_step")}, "cause": cause.get("kind")})
+            env["OMP_NUM_THREADS"] = str(thread_budget(self.plan.workers))
         # The attempt's place in the job, as config overrides: this node's rank, rank 0's rendezvous, every node's
         # address in rank order (a spare or a new rank 0 changes all three).
-        argv = [*self.plan.argv, "DDP_CONFIG.WORLD_RANK", str(rank), "DDP_CONFIG.DIST_URL", record["rendezvous"],
-                "DDP_CONFIG.WOLRD_URLS", json.dumps(record["world_urls"])]
-        self.say(f"attempt {attempt}: starting the trainer as node rank {rank} of {len(record['assignment'])}, "
-                 f"rendezvous {record['rendezvous']}")
+        argv = [*self.plan.argv, "DDP_CONFIG.WORLD_RANK", str(rank), "DDP_CONFIG.DIST_URL", record.rendezvous,
+                "DDP_CONFIG.WOLRD_URLS", json.dumps(list(record.world_urls))]
+        self.say(f"attempt {attempt}: starting the trainer as node rank {rank} of {len(record.assignment)}, "
+                 f"rendezvous {record.rendezvous}")
         self.started_attempts.add(attempt)
-        self.failure, self.stop_deadline = None, None
-        self.trainer = {"attempt": attempt, "state": "running", "rc": None, "rank": rank, "pid": None,
-                        "started": time.time()}
+        self.trouble, self.stop_deadline = None, None
+        self.trainer = Trainer(attempt=attempt, state=TrainerState.RUNNING, rank=rank, pid=None, rc=None,
+                               started=time.time(), ended=None)
         try:
             # Its own process group: stopping this attempt never touches the supervisor.
             self.proc = subprocess.Popen(argv, cwd=self.job_dir, env=env, start_new_session=True)
         except OSError as exc:
             self.say(f"cannot start the trainer: {exc}")
-            self.trainer.update(state="exited", rc=127, ended=time.time())
+            self._exited(127)
             return
-        self.trainer["pid"] = self.proc.pid
+        self.trainer = dataclasses.replace(self.trainer, pid=self.proc.pid)
+
+    def _exited(self, rc: int) -> None:
+        self.trainer = dataclasses.replace(self.trainer, state=TrainerState.EXITED, rc=rc, ended=time.time())
 
     def stop(self, reason: str, sig: int) -> None:
         """Stop the trainer: ``sig`` now, SIGKILL after the stop grace (SIGKILL now for a frozen trainer)."""
@@ -109,12 +130,11 @@ class Node:
         self.stop_deadline = time.monotonic() + grace
         procs.signal_all(procs.job_processes(self.job_dir, trainers_only=True), sig)
 
-    def checkpoint_and_stop(self, kind: str, reason: str) -> None:
+    def checkpoint_and_stop(self, kind: Kind, reason: str) -> None:
         """A user's stop or a preemption: the trainer checkpoints at a common step and exits (SIGUSR1)."""
         self.stop_asked = True
-        if self.running:
-            self.failure = {"attempt": self.trainer["attempt"], "kind": kind, "reason": reason, "at": time.time(),
-                            "rc": None}
+        if self.running and self.trainer.attempt is not None:
+            self.trouble = Trouble(attempt=self.trainer.attempt, kind=kind, reason=reason, at=time.time())
             self.stop(reason, signal.SIGUSR1)
 
     # -- watching --------------------------------------------------------------------------------------------------
@@ -125,19 +145,19 @@ class Node:
         rc = self.proc.poll()
         left = procs.job_processes(self.job_dir, trainers_only=True)
         if rc is not None and not left:
-            self.trainer.update(state="exited", rc=rc, ended=time.time())
-            self.say(f"attempt {self.trainer['attempt']}: the trainer exited with status {rc}")
+            self._exited(rc)
+            self.say(f"attempt {self.trainer.attempt}: the trainer exited with status {rc}")
             self.stop_deadline = None
             return
         if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
             procs.signal_all(left, signal.SIGKILL)
             return
         frozen = self._frozen()
-        if frozen is not None and self.failure is None:
+        if frozen is not None and self.trouble is None and self.trainer.attempt is not None:
             pid, age = frozen
             reason = f"its trainer (pid {pid}) is frozen: no heartbeat for {age:.0f} s"
-            self.failure = {"attempt": self.trainer["attempt"], "kind": "frozen", "reason": reason,
-                            "at": time.time() - age, "rc": None}
+            self.trouble = Trouble(attempt=self.trainer.attempt, kind=Kind.FROZEN, reason=reason,
+                                   at=time.time() - age)
             self.say(reason)
             self.stop(reason, signal.SIGKILL)  # a frozen process cannot exit cleanly
 
@@ -150,7 +170,7 @@ class Node:
             except (OSError, ValueError):
                 continue  # being written, or not a heartbeat
             age = time.monotonic() - written
-            if age > self.plan.watch.heartbeat_timeout and Path(f"/proc/{pid}").exists():
+            if age > self.timings.loss and Path(f"/proc/{pid}").exists():
                 return pid, age
         return None
 
@@ -160,11 +180,15 @@ class Node:
 
     # -- telling the hub -------------------------------------------------------------------------------------------
 
-    def report(self, rank0: bool) -> dict[str, Any]:
-        """What the hub needs to know of this node now (``rank0``: this node has rank 0 in the current attempt)."""
-        report: dict[str, Any] = {"trainer": dict(self.trainer), "failure": self.failure}
-        if rank0:
-            report["progress"] = read_json(self.plan.paths.status_file)
+    def progress(self) -> JsonObject | None:
+        """The run's progress as this node's trainer last wrote it (status.json; what the follow shows), cut to the
+        follow's fields when it has grown large."""
+        progress = read_json(self.plan.paths.status_file)
+        if progress is not None and len(json.dumps(progress)) > PROGRESS_LIMIT:
+            progress = {key: progress[key] for key in PROGRESS_KEYS if key in progress}
+        return progress
+
+    def port_offer(self) -> int | None:
         with contextlib.suppress(OSError):
-            report["port_offer"] = free_port(self.plan.me.ip)
-        return report
+            return free_port(self.plan.me.ip)
+        return None

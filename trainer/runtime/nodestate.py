@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer.runtime import layout, procs
+from trainer.runtime.messages import Mode, NodeState
+from trainer.runtime.schema import SchemaError, dump
 
 TAIL_LINES = 25
 
@@ -59,13 +61,25 @@ def stop_request(job_dir: str, pid: int) -> dict[str, Any] | None:
     return request if request is not None and request.get("pid") == pid else None
 
 
-def supervisor_alive(job_dir: str, state: dict[str, Any] | None) -> bool:
-    return state is not None and isinstance(state.get("pid"), int) and procs.belongs(state["pid"], job_dir)
+def node_state(job_dir: str) -> NodeState | None:
+    """The node's state as its supervisor last wrote it; None when there is none (or none this runtime can read: a
+    job folder left by another version)."""
+    data = read_json(Path(job_dir) / layout.STATE_FILE)
+    if data is None:
+        return None
+    try:
+        return NodeState.read(data, layout.STATE_FILE)
+    except SchemaError:
+        return None
+
+
+def supervisor_alive(job_dir: str, state: NodeState | None) -> bool:
+    return state is not None and procs.belongs(state.pid, job_dir)
 
 
 def status(job_dir: str) -> dict[str, Any]:
-    """The node's part of the job, as its supervisor last wrote it, with what only this look can add."""
-    state = read_json(Path(job_dir) / layout.STATE_FILE)
+    """The node's part of the job, as its supervisor last wrote it, with what only this look can add (JSON)."""
+    state = node_state(job_dir)
     plan = read_json(Path(job_dir) / layout.PLAN_FILE) or {}
     paths = plan.get("paths") or {}
     info: dict[str, Any] = {
@@ -76,13 +90,12 @@ def status(job_dir: str) -> dict[str, Any]:
     }
     if state is None:
         return {**info, "state": "none"}
-    info.update({key: state.get(key) for key in ("pid", "mode", "term", "trainer", "record", "progress", "end")})
+    info.update({key: value for key, value in dump(state).items() if key != "updated"})
     if supervisor_alive(job_dir, state):
         info["state"] = "running"
-        if state.get("mode") == "hub":
+        if state.mode == Mode.HUB:
             info["watch"] = read_json(Path(job_dir) / layout.WATCH_FILE)
     else:
-        end = state.get("end") or {}
-        info["state"] = end.get("state") or "killed"
+        info["state"] = state.end.state.value if state.end is not None else "killed"
         info["log_tail"] = log_tail(job_dir)
     return info

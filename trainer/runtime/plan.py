@@ -13,27 +13,17 @@ message of trainer.runtime.wire), added to ``argv`` as config overrides.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from trainer.runtime import schema
+from trainer.runtime.timing import Timings
 
 SCHEMA = 1
 
 
-class PlanError(ValueError):
+class PlanError(schema.SchemaError):
     """A plan file that does not follow this schema (the message names the key)."""
-
-
-def _take(data: Mapping[str, Any], keys: Sequence[str], where: str) -> dict[str, Any]:
-    """``data`` restricted to exactly ``keys``: a missing or an unknown key is an error naming it."""
-    if not isinstance(data, Mapping):
-        raise PlanError(f"{where}: expected an object, got {type(data).__name__}")
-    missing = [key for key in keys if key not in data]
-    unknown = [key for key in data if key not in keys]
-    if missing or unknown:
-        words = [f"missing {', '.join(missing)}" if missing else "", f"unknown {', '.join(unknown)}" if unknown else ""]
-        raise PlanError(f"{where}: {'; '.join(w for w in words if w)}")
-    return dict(data)
 
 
 @dataclass(frozen=True)
@@ -47,11 +37,6 @@ class Member:
     @property
     def spare(self) -> bool:
         return self.rank is None
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> Member:
-        d = _take(data, ("name", "ip", "rank"), where)
-        return cls(str(d["name"]), str(d["ip"]), None if d["rank"] is None else int(d["rank"]))
 
 
 @dataclass(frozen=True)
@@ -73,24 +58,15 @@ class Paths:
     weights_cache: str
     results: tuple[str, ...]  # the run's files the launcher collects when the job ends (metrics.jsonl first)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> Paths:
-        names = [f for f in cls.__dataclass_fields__ if f != "results"]
-        d = _take(data, [*names, "results"], where)
-        return cls(**{name: str(d[name]) for name in names}, results=tuple(str(p) for p in d["results"]))
-
 
 @dataclass(frozen=True)
 class Watch:
-    """How the nodes watch each other (seconds)."""
+    """How the nodes watch each other (seconds); every interval of the watch derives from these
+    (trainer.runtime.timing)."""
 
     heartbeat_timeout: float  # no news for this long: a trainer froze or a node is lost
     startup_timeout: float  # a member that has not joined the watch this long after the start is lost
     stop_grace: float  # SIGTERM (and the trainer's checkpoint at a common step) to SIGKILL
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> Watch:
-        return cls(**{k: float(v) for k, v in _take(data, list(cls.__dataclass_fields__), where).items()})
 
 
 @dataclass(frozen=True)
@@ -100,14 +76,10 @@ class Restarts:
     max_restarts: int  # automatic restarts of the job after failures, in all
     node_wait: float  # seconds to wait for a lost node to come back when no spare can replace it
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> Restarts:
-        d = _take(data, list(cls.__dataclass_fields__), where)
-        return cls(int(d["max_restarts"]), float(d["node_wait"]))
-
 
 @dataclass(frozen=True)
 class NodePlan:
+    schema: int
     job: str
     node: str
     members: tuple[Member, ...]  # trainers in node-rank order, then spares: the order hubs succeed each other in
@@ -120,6 +92,17 @@ class NodePlan:
     watch: Watch
     restarts: Restarts
     data_paths: tuple[tuple[str, str], ...]  # (config key, path) of every input the config reads
+
+    def __post_init__(self) -> None:
+        if self.schema != SCHEMA:
+            raise PlanError(f"schema {self.schema!r}, this runtime reads schema {SCHEMA} (launch again)")
+        if self.node not in {m.name for m in self.members}:
+            raise PlanError(f"node {self.node!r} is not among the job's members")
+        self.timings  # noqa: B018 (refuses a watch that breaks the no-split rule, naming the rule)
+
+    @property
+    def timings(self) -> Timings:
+        return Timings.derive(self.watch.heartbeat_timeout, self.watch.stop_grace, self.restarts.node_wait)
 
     @property
     def me(self) -> Member:
@@ -135,33 +118,11 @@ class NodePlan:
         return len(self.trainers)
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data["schema"] = SCHEMA
-        return json.dumps(data, indent=1) + "\n"
+        return json.dumps(asdict(self), indent=1) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "plan") -> NodePlan:
-        keys = ["schema", *cls.__dataclass_fields__]
-        d = _take(data, keys, where)
-        if d["schema"] != SCHEMA:
-            raise PlanError(f"{where}: schema {d['schema']!r}, this runtime reads schema {SCHEMA} (launch again)")
-        plan = cls(
-            job=str(d["job"]),
-            node=str(d["node"]),
-            members=tuple(Member.from_dict(m, f"{where}: members[{i}]") for i, m in enumerate(d["members"])),
-            port=int(d["port"]),
-            backend=str(d["backend"]),
-            workers=int(d["workers"]),
-            argv=tuple(str(a) for a in d["argv"]),
-            env={str(k): str(v) for k, v in d["env"].items()},
-            paths=Paths.from_dict(d["paths"], f"{where}: paths"),
-            watch=Watch.from_dict(d["watch"], f"{where}: watch"),
-            restarts=Restarts.from_dict(d["restarts"], f"{where}: restarts"),
-            data_paths=tuple((str(k), str(p)) for k, p in d["data_paths"]),
-        )
-        if plan.node not in {m.name for m in plan.members}:
-            raise PlanError(f"{where}: node {plan.node!r} is not among the job's members")
-        return plan
+    def from_dict(cls, data: Any, where: str = "plan") -> NodePlan:
+        return schema.parse(cls, data, where, PlanError)
 
     @classmethod
     def read(cls, path: str) -> NodePlan:

@@ -19,40 +19,48 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
 
+from trainer.runtime.contract import COPY_NODE_RANK
+from trainer.runtime.record import EndState, Failure, Kind
 from trainer.runtime.verdict import words
+
+
+class Action(StrEnum):
+    RESTART = "restart"
+    WAIT = "wait"  # for lost nodes to come back
+    END = "end"
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "restart", "wait" (for lost nodes to come back) or "end"
+    action: Action
     reason: str
     assignment: dict[str, int] = field(default_factory=dict)  # restart: node -> node rank
     replaced: dict[str, str] = field(default_factory=dict)  # restart: lost or failing node -> its replacement
-    end_state: str = ""  # end: "failed" or "stopped"
+    end_state: EndState | None = None  # end: failed or stopped
     waiting_for: tuple[str, ...] = ()  # wait: the lost nodes
 
 
-def same_way(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a["node"] == b["node"] and a["kind"] == b["kind"] and a.get("rc") == b.get("rc")
+def same_way(a: Failure, b: Failure) -> bool:
+    return a.node == b.node and a.kind == b.kind and a.rc == b.rc
 
 
 def _ranks_after(assignment: Mapping[str, int], replaced: Mapping[str, str]) -> dict[str, int]:
     ranks = {node: rank for node, rank in assignment.items() if node not in replaced}
-    deputy = next((node for node, rank in ranks.items() if rank == 1), None)
+    deputy = next((node for node, rank in ranks.items() if rank == COPY_NODE_RANK), None)
     for old, new in replaced.items():
         rank = assignment[old]
         if rank == 0 and deputy is not None:  # the node with the second copy of the checkpoints becomes rank 0
-            ranks[deputy], rank = 0, 1
+            ranks[deputy], rank = 0, COPY_NODE_RANK
         ranks[new] = rank
     return dict(sorted(ranks.items(), key=lambda item: item[1]))
 
 
 def decide(
     *,
-    first: Mapping[str, Any],
-    previous: Mapping[str, Any] | None,
+    first: Failure,
+    previous: Failure | None,
     assignment: Mapping[str, int],
     lost: Mapping[str, str],
     available: Sequence[str],
@@ -65,37 +73,37 @@ def decide(
     ``lost``: node -> why, for assigned nodes that are lost; ``available``: idle members that may join (spares first,
     in member order); ``waited``: the wait for the lost nodes is over."""
     said = words(first)
-    if first["kind"] == "stopped":
-        return Decision("end", f"stopped: {first['reason']}", end_state="stopped")
-    if first["kind"] == "rejected":
-        return Decision("end", f"{said}; a restart cannot fix a bad input: fix it and launch again",
-                        end_state="failed")
+    if first.kind == Kind.STOPPED:
+        return Decision(Action.END, f"stopped: {first.reason}", end_state=EndState.STOPPED)
+    if first.kind == Kind.REJECTED:
+        return Decision(Action.END, f"{said}; a restart cannot fix a bad input: fix it and launch again",
+                        end_state=EndState.FAILED)
     if restarts_used >= max_restarts:
         left = ("restarts are off (max_restarts 0)" if max_restarts == 0
                 else f"no restart left ({restarts_used} of {max_restarts} used)")
-        return Decision("end", f"{said}; {left}", end_state="failed")
-    again = previous is not None and previous["node"] == first["node"] and first["node"] not in lost
+        return Decision(Action.END, f"{said}; {left}", end_state=EndState.FAILED)
+    again = previous is not None and previous.node == first.node and first.node not in lost
     spares = [node for node in available if node not in assignment]
     replaced: dict[str, str] = {}
     waiting: list[str] = []
     for node in sorted(assignment, key=lambda n: assignment[n]):
-        if node not in lost and not (again and node == first["node"]):
+        if node not in lost and not (again and node == first.node):
             continue
         if spares:
             replaced[node] = spares.pop(0)
         elif node in lost:
             waiting.append(node)
         elif previous is not None and same_way(previous, first):
-            return Decision("end", f"{said}, the same way as in the attempt before, and no spare can replace it",
-                            end_state="failed")
+            return Decision(Action.END, f"{said}, the same way as in the attempt before, and no spare can replace "
+                            "it", end_state=EndState.FAILED)
     if waiting:
         lost_words = "; ".join(f"{node} was lost ({lost[node]})" for node in waiting)
         if waited:
-            return Decision("end", f"{lost_words}; no spare could replace it, and it did not come back within "
-                                   f"{node_wait:.0f} s", end_state="failed")
-        return Decision("wait", f"{lost_words}; no spare: waiting up to {node_wait:.0f} s for it to come back",
+            return Decision(Action.END, f"{lost_words}; no spare could replace it, and it did not come back within "
+                            f"{node_wait:.0f} s", end_state=EndState.FAILED)
+        return Decision(Action.WAIT, f"{lost_words}; no spare: waiting up to {node_wait:.0f} s for it to come back",
                         waiting_for=tuple(waiting))
     why = f"{said}; restart {restarts_used + 1} of {max_restarts}"
     if replaced:
         why += "; " + ", ".join(f"{new} replaces {old}" for old, new in replaced.items())
-    return Decision("restart", why, assignment=_ranks_after(assignment, replaced), replaced=replaced)
+    return Decision(Action.RESTART, why, assignment=_ranks_after(assignment, replaced), replaced=replaced)

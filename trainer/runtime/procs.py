@@ -13,8 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-JOB_ENV = "VIDCLUSTER_JOB_DIR"
-TRAINER_ENV = "VIDCLUSTER_TRAINER"
+from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV
 
 
 def _environ(pid: int) -> list[bytes] | None:
@@ -30,7 +29,7 @@ def _environ(pid: int) -> list[bytes] | None:
 
 def job_processes(job_dir: str, trainers_only: bool = False) -> list[int]:
     """Live processes of this machine that belong to the job's folder (its trainers only, if asked)."""
-    marker = f"{JOB_ENV}={job_dir}".encode()
+    marker = f"{JOB_DIR_ENV}={job_dir}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -47,7 +46,7 @@ def job_processes(job_dir: str, trainers_only: bool = False) -> list[int]:
 def belongs(pid: int, job_dir: str) -> bool:
     """Is ``pid`` a live process of the job (and not a stranger that got its number)?"""
     env = _environ(pid)
-    return env is not None and f"{JOB_ENV}={job_dir}".encode() in env
+    return env is not None and f"{JOB_DIR_ENV}={job_dir}".encode() in env
 
 
 def signal_all(pids: list[int], sig: int) -> None:

@@ -6,11 +6,17 @@ controller by roles/ddp_launch's plugins.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from trainer.runtime import schema
+from trainer.runtime.record import End, EndState, JobRecord, Phase, RecordError
+from trainer.runtime.schema import SchemaError
+
 SHOWN_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")
 STEP_BUCKETS = 10  # the follow prints a line each tenth of an epoch at most
+STOPPED_STATES = ("failed", "preempted", "stopped")  # a trainer's status.json once its attempt is over
 
 
 def _number(value: Any) -> str:
@@ -24,10 +30,33 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def record_of(status: Mapping[str, Any]) -> JobRecord | None:
+    """The job's record in a node's state (None when the node holds none this runtime can read)."""
+    data = status.get("record")
+    if data is None:
+        return None
+    try:
+        return JobRecord.read(data, "the node's record")
+    except RecordError:
+        return None
+
+
+def job_end(status: Mapping[str, Any]) -> End | None:
+    """How the job ended, as the node's record says (None: not ended, or no record)."""
+    record = record_of(status)
+    return record.end if record is not None else None
+
+
+def hub_of(status: Mapping[str, Any]) -> str:
+    """The job's hub, as the node's record names it ('' without a record)."""
+    record = record_of(status)
+    return record.hub if record is not None else ""
+
+
 def silent_members(status: Mapping[str, Any]) -> list[str]:
-    """Members the hub has not heard within half the heartbeat timeout (only the hub's status knows; once the job has
-    ended, members leave: nobody is missed)."""
-    if (status.get("record") or {}).get("end"):
+    """Members the hub has not heard within the lease (only the hub's status knows; once the job has ended, members
+    leave: nobody is missed)."""
+    if job_end(status) is not None:
         return []
     watch = status.get("watch") or {}
     needed = (watch.get("quorum") or {}).get("needed")
@@ -42,14 +71,15 @@ def silent_members(status: Mapping[str, Any]) -> list[str]:
 def progress_key(status: Mapping[str, Any]) -> str:
     """What the follow prints a new line for: the node's state, the job's record, the epoch, a tenth of an epoch,
     members falling silent or coming back."""
-    record = status.get("record") or {}
+    record = record_of(status)
     progress = status.get("progress") or {}
     per_epoch = int(progress.get("steps_per_epoch") or 0)
     step = int(progress.get("step") or 0)
     bucket = (step % per_epoch) * STEP_BUCKETS // per_epoch if per_epoch else 0
+    place = (record.term, record.attempt, record.phase.value) if record is not None else (None, None, None)
     return "|".join(str(part) for part in (
-        status.get("state"), record.get("term"), record.get("attempt"), record.get("phase"), progress.get("state"),
-        progress.get("epoch"), bucket, ",".join(silent_members(status))))
+        status.get("state"), *place, progress.get("state"), progress.get("epoch"), bucket,
+        ",".join(silent_members(status))))
 
 
 def trainer_progress(progress: Mapping[str, Any] | None) -> str:
@@ -75,19 +105,38 @@ def trainer_progress(progress: Mapping[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
+def _attempt(record: JobRecord) -> str:
+    """'attempt 2 of 4' (attempts count from 1: the launch's and one per restart allowed)."""
+    return f"attempt {record.attempt + 1} of {record.max_restarts + 1}"
+
+
+def job_line(record: JobRecord, progress: Mapping[str, Any] | None) -> str:
+    """What happens to the job, in the runtime's words, when it is more than the trainer's progress: an attempt
+    stopping, the next one starting, a wait, a bad end ('' when the trainer's progress says it all)."""
+    first, cause = record.first_failure, record.cause
+    if record.end is not None:
+        return "" if record.end.state == EndState.FINISHED else f"the job {record.end.state}: {record.end.reason}"
+    if record.phase == Phase.STOPPING and first is not None:
+        detected = (f", detected in {record.detected_at - first.at:.1f} s" if record.detected_at is not None
+                    else "")
+        return f"stopping ({_attempt(record)}): {first.node} {first.kind}{detected}: {first.reason}"
+    if record.phase == Phase.WAITING:
+        return f"waiting ({_attempt(record)}): {record.waiting or 'for the nodes'}"
+    if cause is not None and (progress or {}).get("state") in (None, "starting", *STOPPED_STATES):
+        return f"restarting ({_attempt(record)}): {cause.node} {cause.kind}, detected in {cause.detect_s:.1f} s"
+    return ""
+
+
 def progress_line(status: Mapping[str, Any]) -> str:
-    """The follow's line: the trainer's progress, the attempt, and who the hub hears."""
-    record = status.get("record") or {}
-    parts = [trainer_progress(status.get("progress"))]
-    if record.get("attempt"):
-        cause = (record.get("attempts") or [{}])[-1].get("cause") or {}
-        parts.append(f"attempt {record['attempt']}, after {cause.get('node')} {cause.get('kind')} (detected in "
-                     f"{cause.get('detect_s')} s)")
-    if record.get("phase") == "stopping" and record.get("first_failure"):
-        first = record["first_failure"]
-        parts.append(f"stopping the attempt: {first['node']} failed first: {first['reason']}")
-    elif record.get("phase") == "waiting":
-        parts.append(f"waiting for {record.get('waiting') or 'the nodes'}")
+    """The follow's line: what happens to the job (the trainer's progress, or the runtime's words while an attempt
+    stops or starts), the attempt, and who the hub hears."""
+    record = record_of(status)
+    progress = status.get("progress")
+    said = job_line(record, progress) if record is not None else ""
+    parts = [said or trainer_progress(progress)]
+    if not said and record is not None and record.cause is not None:
+        cause = record.cause
+        parts.append(f"{_attempt(record)}, after {cause.node} {cause.kind} (detected in {cause.detect_s:.1f} s)")
     watch = status.get("watch") or {}
     members = watch.get("members") or {}
     silent = silent_members(status)
@@ -95,21 +144,25 @@ def progress_line(status: Mapping[str, Any]) -> str:
         parts.append("not heard: " + ", ".join(
             f"{name} ({'never' if members[name].get('heard_ago') is None else _number(members[name]['heard_ago'])}"
             f"{'' if members[name].get('heard_ago') is None else ' s'})" for name in silent))
-    elif members and not record.get("end") and (status.get("progress") or {}).get("state") != "finished":
+    elif members and (record is None or record.end is None) and (progress or {}).get("state") != "finished":
         parts.append(f"all {len(members)} nodes heard")
     return "; ".join(parts)
 
 
-def attempt_lines(record: Mapping[str, Any] | None) -> list[str]:
+def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
     """Every restart on record: number, cause, node, time to detect, steps lost."""
+    if record is not None and not isinstance(record, JobRecord):
+        record = record_of({"record": record})
     lines = []
-    for entry in (record or {}).get("attempts", [])[1:]:
-        cause = entry.get("cause") or {}
-        lost = cause.get("failed_step")
+    for entry in record.attempts[1:] if record is not None else ():
+        cause = entry.cause
+        if cause is None:
+            continue
+        lost = cause.failed_step
         lines.append(
-            f"attempt {entry['attempt']}: {cause.get('node')} {cause.get('kind')} ({cause.get('reason')}); detected "
-            f"after {cause.get('detect_s')} s" + (f" at step {lost}" if lost is not None else "")
-            + "; ranks " + ", ".join(f"{node}={rank}" for node, rank in (entry.get("assignment") or {}).items()))
+            f"attempt {entry.attempt}: {cause.node} {cause.kind} ({cause.reason}); detected after {cause.detect_s} s"
+            + (f" at step {lost}" if lost is not None else "")
+            + "; ranks " + ", ".join(f"{node}={rank}" for node, rank in entry.assignment.items()))
     return lines
 
 
@@ -146,27 +199,40 @@ def node_line(node: Mapping[str, Any]) -> str:
 def freshest(states: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
     """The node state with the newest job record (the hub's, when it answered)."""
     def key(item: tuple[str, Mapping[str, Any]]) -> tuple[int, int, int]:
-        record = item[1].get("record") or {}
-        return (int(item[1].get("mode") == "hub"), int(record.get("term", -1)), int(record.get("version", -1)))
+        record = record_of(item[1])
+        newest = (record.term, record.version) if record is not None else (-1, -1)
+        return (int(item[1].get("mode") == "hub"), *newest)
 
     return max(states.items(), key=key)[1] if states else {}
+
+
+def rank0_of(states: Mapping[str, Mapping[str, Any]]) -> str:
+    """The node that had rank 0 in the job's last attempt, as the freshest record says ('' without one)."""
+    record = record_of(freshest(states))
+    return (record.rank0 or "") if record is not None else ""
 
 
 def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """``{state, first, message, restarts}`` of a job from every node's state: how it ended, the node that failed
     first, the words (with that node's log), and a line per restart."""
     best = freshest(states)
-    record = best.get("record") or {}
-    end = record.get("end") or best.get("end") or {}
-    first = (end.get("first_failure") or record.get("first_failure") or {})
-    lines = [f"The job {end.get('state', 'ended')}: {end.get('reason', 'no node knows why')}."]
+    record = record_of(best)
+    end = record.end if record is not None else None
+    if end is None and best.get("end"):  # a node that ended without a record of the end (its own stop)
+        with contextlib.suppress(SchemaError):
+            end = schema.parse(End, best["end"], "the node's end")
+    first = end.first_failure if end is not None else None
+    if first is None and record is not None:
+        first = record.first_failure
+    lines = [f"The job {end.state if end else 'ended'}: {end.reason if end else 'no node knows why'}."]
     lines += [f"  {line}" for line in attempt_lines(record)]
-    others = [f"{name}: {describe(s)}" for name, s in states.items() if name != first.get("node")]
+    first_node = first.node if first is not None else ""
+    others = [f"{name}: {describe(s)}" for name, s in states.items() if name != first_node]
     if others:
         lines.append("The nodes: " + "; ".join(others) + ".")
-    failed = states.get(first.get("node", "")) or {}
+    failed = states.get(first_node) or {}
     if failed.get("log_tail"):
-        lines.append(f"Last lines of {first['node']}'s log ({failed.get('job_dir', '')}/train.log):")
+        lines.append(f"Last lines of {first_node}'s log ({failed.get('job_dir', '')}/train.log):")
         lines.extend(f"  {line}" for line in failed["log_tail"])
-    return {"state": end.get("state", ""), "first": first.get("node", ""), "message": "\n".join(lines),
+    return {"state": end.state.value if end else "", "first": first_node, "message": "\n".join(lines),
             "restarts": attempt_lines(record)}

@@ -1,8 +1,8 @@
 """What a failure is, and which node failed first: decided here, and nowhere else.
 
-A failure is a dict ``{"node", "kind", "reason", "at", "rc"}``: ``at`` the wall-clock time of the failed part's last
-sign of life (the exit its supervisor saw, its last heartbeat, its last report to the hub), ``rc`` the trainer's exit
-status when it has one. The kinds, as the node that saw them names them:
+A failure (trainer.runtime.record.Failure) names the node, its kind, the reason in words, ``at`` the wall-clock time of
+the failed part's last sign of life (the exit its supervisor saw, its last heartbeat, its last report to the hub) and
+``rc`` the trainer's exit status when it has one. The kinds, as the node that saw them names them:
 
     rejected   the trainer exited with status 2: its input (config, data, weights) is bad; a restart cannot fix it
     stopped    a user stopped the job (stop-training.yml)
@@ -21,48 +21,40 @@ preemption; then plain exits.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
-TRAINER_REJECTED = 2  # trainer.errors.USER_ERROR_EXIT: bad input, one `error:` line
-TRAINER_PREEMPTED = 75  # EX_TEMPFAIL: the trainer checkpointed at a step every rank agreed on, then exited
+from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
+from trainer.runtime.record import Failure, Kind
+
 # Kinds by tier: a failure of an earlier tier explains the later ones; within a tier, the earlier failure does.
-TIERS = (("rejected", "stopped"), ("killed", "frozen", "lost"), ("preempted",), ("exited",))
-KINDS = tuple(kind for tier in TIERS for kind in tier)
+TIERS = ((Kind.REJECTED, Kind.STOPPED), (Kind.KILLED, Kind.FROZEN, Kind.LOST), (Kind.PREEMPTED,), (Kind.EXITED,))
 
 
-def exit_failure(rc: int | None) -> tuple[str, str]:
+def exit_failure(rc: int | None) -> tuple[Kind, str]:
     """(kind, words) for a trainer that ended with status ``rc`` (None: no status, a negative one: a signal)."""
     if rc is None:
-        return "killed", "its trainer ended without an exit status"
+        return Kind.KILLED, "its trainer ended without an exit status"
     if rc < 0:
         try:
             name = f" ({signal.Signals(-rc).name})"
         except ValueError:
             name = ""
-        return "killed", f"its trainer was killed by signal {-rc}{name}"
-    if rc == TRAINER_REJECTED:
-        return "rejected", "its trainer rejected its input (exit status 2; the log says what to fix)"
-    if rc == TRAINER_PREEMPTED:
-        return "preempted", "its trainer checkpointed and stopped when asked (exit status 75)"
-    return "exited", f"its trainer exited with status {rc}"
+        return Kind.KILLED, f"its trainer was killed by signal {-rc}{name}"
+    if rc == EXIT_REJECTED:
+        return Kind.REJECTED, f"its trainer rejected its input (exit status {EXIT_REJECTED}; the log says what to fix)"
+    if rc == EXIT_PREEMPTED:
+        return Kind.PREEMPTED, f"its trainer checkpointed and stopped when asked (exit status {EXIT_PREEMPTED})"
+    return Kind.EXITED, f"its trainer exited with status {rc}"
 
 
-def failure(node: str, kind: str, reason: str, at: float, rc: int | None = None) -> dict[str, Any]:
-    if kind not in KINDS:
-        raise ValueError(f"unknown failure kind {kind!r}")
-    return {"node": node, "kind": kind, "reason": reason, "at": at, "rc": rc}
-
-
-def first_failure(failures: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+def first_failure(failures: Iterable[Failure]) -> Failure | None:
     """The failure that explains the others (see the module docstring), or None when there is none."""
-    def tier(kind: str) -> int:
+    def tier(kind: Kind) -> int:
         return next(i for i, kinds in enumerate(TIERS) if kind in kinds)
 
-    ranked = sorted(failures, key=lambda f: (tier(f["kind"]), float(f["at"])))
-    return dict(ranked[0]) if ranked else None
+    return min(failures, key=lambda f: (tier(f.kind), f.at), default=None)
 
 
-def words(first: Mapping[str, Any]) -> str:
+def words(first: Failure) -> str:
     """'node1 failed first: its trainer was killed by signal 9 (SIGKILL)'."""
-    return f"{first['node']} failed first: {first['reason']}"
+    return f"{first.node} failed first: {first.reason}"

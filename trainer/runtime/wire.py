@@ -3,15 +3,17 @@
 The secret is made on the controller for each launch and lives only in each node's job folder (mode 0600), so only the
 job's own nodes can take part; the secret itself never crosses the network. A connection:
 
-1. the listening side sends ``{"hello": N_s}``, a fresh random nonce;
+1. the listening side sends ``{"hello": N_s}``, a fresh random nonce (``NONCE_HEX`` lowercase hex digits);
 2. every message after that is ``{"body": {...}, "mac": HMAC-SHA256(secret, direction|nonce|seq|body)}``, where
    ``direction`` is "c>s" or "s>c", ``nonce`` the nonce the *receiving* side chose (N_s for what the connecting side
    sends; the connecting side's N_c, carried in its first body, for the answers), ``seq`` counts the sender's messages
    from 0, and ``body`` is the body as canonical JSON.
 So a message cannot be forged without the secret, replayed on another connection (other nonces), reordered or
-replayed on the same one (seq), or reflected back (direction). Anything that fails a check ends the connection
-unread; the listener says so once per address. Lines longer than ``MAX_LINE`` end the connection too, before they
-are buffered, and a connection that does not prove itself within ``HELLO_TIMEOUT`` seconds is closed.
+replayed on the same one (seq), or reflected back (direction). A nonce of any other form than a fresh one's is refused.
+Anything that fails a check ends the connection unread, as a ``WireError`` (never another exception: a line of
+``[`` × 3000 or a MAC of non-ASCII characters is refused like any other). Lines longer than the reader's limit
+(``line_limit``: it grows with the job's members, as the job's record does) end the connection before they are
+kept, and a connection that does not prove itself within ``HELLO_TIMEOUT`` seconds is closed.
 """
 
 from __future__ import annotations
@@ -20,27 +22,54 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import secrets
-from typing import Any
+from typing import Any, TypeGuard
 
-MAX_LINE = 64 * 1024
+MAX_LINE = 64 * 1024  # a job's line limit, plus LINE_PER_MEMBER for each of its members
+LINE_PER_MEMBER = 512  # what a member adds to the job's record (its rank, address, directory entry, attempts)
 HELLO_TIMEOUT = 5.0
+NONCE_HEX = 32
+_NONCE = re.compile(rf"[0-9a-f]{{{NONCE_HEX}}}")
+_MAC = re.compile(r"[0-9a-f]{64}")
 
 
 class WireError(Exception):
-    """A message that fails the protocol: not a line of JSON, too long, a wrong MAC or sequence number."""
+    """A message that fails the protocol: not a line of JSON, too long, a wrong MAC, nonce or sequence number."""
 
 
 class Closed(WireError):
     """The other side closed the connection (not a breach of the protocol)."""
 
 
+class Silent(WireError):
+    """The other side said nothing in time (a breach only before it proved itself)."""
+
+
+def line_limit(members: int) -> int:
+    """The longest line a job of ``members`` members accepts."""
+    return MAX_LINE + LINE_PER_MEMBER * members
+
+
 def nonce() -> str:
-    return secrets.token_hex(16)
+    return secrets.token_hex(NONCE_HEX // 2)
+
+
+def is_nonce(value: Any) -> TypeGuard[str]:
+    """Exactly the form ``nonce`` makes."""
+    return isinstance(value, str) and _NONCE.fullmatch(value) is not None
 
 
 def canonical(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(line: bytes) -> Any:
+    """A line of JSON, or WireError: whatever the line holds (deep nesting, bad UTF-8) raises nothing else."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        raise WireError("not a line of JSON") from None
 
 
 class Keyring:
@@ -59,37 +88,39 @@ class Keyring:
         return json.dumps({"body": body, "mac": self._mac(direction, peer_nonce, seq, body)}).encode() + b"\n"
 
     def open(self, direction: str, my_nonce: str, seq: int, line: bytes) -> dict[str, Any]:
-        try:
-            message = json.loads(line)
-        except ValueError:
-            raise WireError("not a line of JSON") from None
+        message = decode(line)
         if not isinstance(message, dict) or set(message) != {"body", "mac"} or not isinstance(message["body"], dict):
             raise WireError("not a sealed message")
-        expected = self._mac(direction, my_nonce, seq, message["body"])
-        if not isinstance(message["mac"], str) or not hmac.compare_digest(message["mac"], expected):
+        if not isinstance(message["mac"], str) or _MAC.fullmatch(message["mac"]) is None:
+            raise WireError("not a sealed message (its MAC is not 64 hex digits)")
+        try:
+            expected = self._mac(direction, my_nonce, seq, message["body"])
+        except (ValueError, RecursionError):  # a body json cannot write back canonically
+            raise WireError("not a sealed message") from None
+        if not hmac.compare_digest(message["mac"], expected):
             raise WireError("wrong MAC (not sealed with this job's secret, replayed or out of order)")
         return message["body"]
 
 
-async def read_line(reader: asyncio.StreamReader, timeout: float) -> bytes:
-    """One line, at most MAX_LINE bytes (the reader's limit), within ``timeout`` seconds."""
+async def read_line(reader: asyncio.StreamReader, timeout: float, limit: int) -> bytes:
+    """One line, at most ``limit`` (the reader's own limit) long, within ``timeout`` seconds."""
     try:
         line = await asyncio.wait_for(reader.readline(), timeout)
-    except ValueError:  # asyncio's limit: the line is longer than MAX_LINE; the rest was never kept
-        raise WireError(f"a line longer than {MAX_LINE} bytes") from None
+    except ValueError:  # asyncio's limit: the line is longer than the reader's limit; the rest was never kept
+        raise WireError(f"a line longer than {limit} bytes") from None
     except TimeoutError:
-        raise WireError(f"nothing within {timeout:.0f} s") from None
+        raise Silent(f"nothing within {timeout:.0f} s") from None
     if not line.endswith(b"\n"):
         raise Closed("the connection closed")
     return line
 
 
 class Link:
-    """One authenticated connection, from either side."""
+    """One authenticated connection, from either side: ``sent`` and ``received`` count its messages."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keyring: Keyring, *,
-                 connecting: bool, my_nonce: str, peer_nonce: str) -> None:
-        self.reader, self.writer, self.keyring = reader, writer, keyring
+                 connecting: bool, my_nonce: str, peer_nonce: str, limit: int) -> None:
+        self.reader, self.writer, self.keyring, self.limit = reader, writer, keyring, limit
         self.send_dir, self.recv_dir = ("c>s", "s>c") if connecting else ("s>c", "c>s")
         self.my_nonce, self.peer_nonce = my_nonce, peer_nonce
         self.sent = self.received = 0
@@ -100,7 +131,7 @@ class Link:
         await self.writer.drain()
 
     async def recv(self, timeout: float) -> dict[str, Any]:
-        line = await read_line(self.reader, timeout)
+        line = await read_line(self.reader, timeout, self.limit)
         body = self.keyring.open(self.recv_dir, self.my_nonce, self.received, line)
         self.received += 1
         return body
@@ -109,36 +140,42 @@ class Link:
         self.writer.close()
 
 
-async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keyring: Keyring
+async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keyring: Keyring, limit: int
                  ) -> tuple[Link, dict[str, Any]]:
-    """The listening side's handshake: send our nonce, read the first sealed message (which carries the peer's)."""
+    """The listening side's handshake: send our nonce, read the first sealed message (which carries the peer's).
+    The first body comes back without its nonce. ``limit``: the limit the server's readers were made with."""
     mine = nonce()
     writer.write(json.dumps({"hello": mine}).encode() + b"\n")
     await writer.drain()
-    line = await read_line(reader, HELLO_TIMEOUT)
-    body = keyring.open("c>s", mine, 0, line)
-    peer = body.get("nonce")
-    if not isinstance(peer, str) or len(peer) < 16:
-        raise WireError("the first message carries no nonce")
-    link = Link(reader, writer, keyring, connecting=False, my_nonce=mine, peer_nonce=peer)
-    link.received = 1
+    link = Link(reader, writer, keyring, connecting=False, my_nonce=mine, peer_nonce="", limit=limit)
+    body = await link.recv(HELLO_TIMEOUT)
+    peer = body.pop("nonce", None)
+    if not is_nonce(peer):
+        raise WireError(f"the first message carries no nonce of {NONCE_HEX} hex digits")
+    link.peer_nonce = peer
     return link, body
 
 
-async def connect(address: str, keyring: Keyring, first: dict[str, Any], timeout: float) -> Link:
-    """Connect to ``host:port`` (IPv6 in brackets) and send ``first`` (our nonce is added to it)."""
+async def connect(address: str, keyring: Keyring, first: dict[str, Any], timeout: float, *,
+                  source: str | None = None, limit: int = MAX_LINE) -> Link:
+    """Connect to ``host:port`` (IPv6 in brackets) from the address ``source`` (the listener admits the job's
+    members by their addresses), and send ``first`` (our nonce is added to it)."""
     host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(host.strip("[]"), int(port), limit=MAX_LINE), timeout)
     try:
-        hello = json.loads(await read_line(reader, timeout))
+        port_number = int(port)
+    except ValueError:
+        raise WireError(f"not an address: {address!r}") from None
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(
+        host.strip("[]"), port_number, limit=limit, local_addr=(source, 0) if source else None), timeout)
+    try:
+        hello = decode(await read_line(reader, timeout, limit))
         peer = hello.get("hello") if isinstance(hello, dict) else None
-        if not isinstance(peer, str):
+        if not is_nonce(peer):
             raise WireError("no hello from the other side")
         mine = nonce()
-        link = Link(reader, writer, keyring, connecting=True, my_nonce=mine, peer_nonce=peer)
+        link = Link(reader, writer, keyring, connecting=True, my_nonce=mine, peer_nonce=peer, limit=limit)
         await link.send({**first, "nonce": mine})
         return link
-    except (WireError, ValueError, OSError):
+    except BaseException:
         writer.close()
         raise

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from trainer.runtime.contract import WEIGHTS_CACHE as DEFAULT_CACHE
+from trainer.runtime.contract import WEIGHTS_CACHE_ENV as CACHE_ENV
+from trainer.runtime.contract import WEIGHTS_TABLE_ENV as TABLE_ENV
+from trainer.runtime.contract import WEIGHTS_URL_ENV as URL_ENV
 from trainer.weights.formats import WeightsError
 
-CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
-URL_ENV = "VIDCLUSTER_WEIGHTS_URL"
-TABLE_ENV = "VIDCLUSTER_WEIGHTS_TABLE"
-DEFAULT_CACHE = "~/.cache/vidcluster/weights"
 RECORD_SUFFIX = ".sha256"
 
 IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)  # GluonCV

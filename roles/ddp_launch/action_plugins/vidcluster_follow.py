@@ -51,7 +51,7 @@ class ActionModule(ActionBase):
         recheck = float(a.get("recheck_seconds", 120))
         deadline = time.monotonic() + float(a.get("hours", 72)) * 3600
         silent_since = float(a["silent_since"]) if a.get("silent_since") else None
-        argv = [str(a["python"]), "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
+        argv = [str(a["python"]), "-I", "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
                 "--node", node]
         key, line, said_silent, ending = "", "", False, 0.0
         result.update(changed=False, hub=node)
@@ -59,19 +59,18 @@ class ActionModule(ActionBase):
             status = self._poll([*argv, str(poll), "--since", key], task_vars or {})
             if status is not None:
                 silent_since, said_silent = None, False
-                record = status.get("record") or {}
                 key = report.progress_key(status)
                 if report.progress_line(status) != line:
                     line = report.progress_line(status)
                     display.display(f"{job}: {line}")
-                end = record.get("end") if status.get("mode") == "hub" or status["state"] != "running" else None
+                end = report.job_end(status) if status.get("mode") == "hub" or status["state"] != "running" else None
                 if end:  # the hub stays until every member has heard the end, then its supervisor exits
                     ending = ending or time.monotonic()
                     if status["state"] != "running" or time.monotonic() - ending > recheck:
-                        return {**result, "outcome": end["state"], "status": status}
+                        return {**result, "outcome": end.state.value, "status": status}
                     continue
                 if status["state"] == "running" and status.get("mode") != "hub":
-                    return {**result, "next": "moved", "hub": record.get("hub") or node, "status": status}
+                    return {**result, "next": "moved", "hub": report.hub_of(status) or node, "status": status}
                 if status["state"] != "running":  # its supervisor is gone without an end: the hub may be elsewhere
                     return {**result, "next": "silent", "silent_since": time.time(), "status": status}
                 continue

@@ -31,19 +31,12 @@ def node_states(hostvars: Mapping[str, Any], hosts: list[str], register: str) ->
 
 def hub(states: Mapping[str, Mapping[str, Any]]) -> str:
     """The job's hub as the freshest record among the nodes' states names it ('' when no node knows the job)."""
-    record = report.freshest(states).get("record") or {}
-    return str(record.get("hub") or "")
+    return report.hub_of(report.freshest(states))
 
 
 def job_lines(stdout: str) -> list[str]:
     """training-status.yml's lines for one node: one per job (the runtime prints one JSON object per job)."""
     return [report.node_line(json.loads(line)) for line in stdout.splitlines() if line.strip()] or ["no job here"]
-
-
-def rank0(states: Mapping[str, Mapping[str, Any]]) -> str:
-    """The node that had rank 0 in the job's last attempt (where its run's results are)."""
-    record = report.freshest(states).get("record") or {}
-    return next((node for node, rank in (record.get("assignment") or {}).items() if rank == 0), "")
 
 
 class FilterModule:
@@ -53,7 +46,7 @@ class FilterModule:
         return {
             "ddp_launch_node_states": node_states,
             "ddp_launch_hub": hub,
-            "ddp_launch_rank0": rank0,
+            "ddp_launch_rank0": report.rank0_of,
             "ddp_launch_end_report": report.end_report,
             "ddp_launch_job_lines": job_lines,
             "ddp_launch_progress": report.progress_line,

@@ -1,0 +1,139 @@
+"""The job heals itself, on real supervisors with stand-in trainers on loopback (tests/runtime/loopback.py): a killed
+trainer, a frozen one, a node lost with a spare to replace it, a node cut off and back without one, the hub's node
+lost (a new hub, rank 0 on the node with the second copy), a preemption. Seconds each; the slow lane runs the same on a
+cluster with the real trainer (tests/cluster/test_resilience.py).
+
+Each test asserts where the job resumed, not only that it ended: the stand-in with rank 0 records what its supervisor
+told it ($VIDCLUSTER_ATTEMPT), the step it resumed from and the copy it read."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.runtime.loopback import WATCH, Job, loopback, wait_until
+from trainer.runtime import layout
+from trainer.runtime.record import EndState, Kind
+
+__all__ = ["loopback"]
+T = WATCH["heartbeat_timeout"]
+CKPT = 5  # the stand-in's steps between two checkpoints
+
+
+def started(make: Callable[..., Job], nodes: int, spares: int = 0, at_step: int = 12, **kwargs: object) -> Job:
+    """A job whose every member runs, its rank 0 at ``at_step`` at least."""
+    job = make(nodes, spares, **kwargs)
+    job.start_all()
+    wait_until(lambda: job.step("n0") >= at_step, 60, f"rank 0 at step {at_step}", job.logs)
+    return job
+
+
+def resumed_from_a_checkpoint(job: Job, rank0: str) -> dict[str, object]:
+    """The restarted attempt as the new rank 0 saw it: it read its own node's copy of a checkpoint past step 0."""
+    [attempt] = job.attempts(rank0)
+    assert attempt["read"] == str(job.run_file(rank0, "ckpt.json")), attempt
+    assert isinstance(attempt["resumed_step"], int) and attempt["resumed_step"] >= CKPT, attempt  # not from scratch
+    assert attempt["resumed_step"] % CKPT == 0 or attempt["cause"] == Kind.PREEMPTED, attempt
+    return attempt
+
+
+def test_a_killed_trainer_is_restarted_on_the_same_nodes_from_the_newest_checkpoint(loopback: Callable[..., Job]
+                                                                                      ) -> None:
+    job = started(loopback, 2)
+    [trainer] = job.processes("n1", trainers_only=True)
+    signal_at = time.time()
+    job.signal("n1", signal.SIGKILL, trainers_only=True)
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    assert record.restarts == 1 and record.assignment == {"n0": 0, "n1": 1}
+    cause = record.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind, cause.rc) == ("n1", Kind.KILLED, -9)
+    assert 0 <= cause.detect_s < T and cause.at >= signal_at - 1  # its supervisor saw the exit at once
+    attempt = resumed_from_a_checkpoint(job, "n0")
+    assert attempt["failed_step"] == cause.failed_step and attempt["steps_lost"] == cause.failed_step - attempt[
+        "resumed_step"]
+    assert -CKPT < attempt["steps_lost"] <= 2 * CKPT  # what was trained since the checkpoint, and no more
+    assert job.step("n0") == attempt["resumed_step"] + 10 and trainer not in job.processes("n1")
+    # n1's supervisor reported over one connection all along, through both attempts: each side of a link counts its
+    # messages (a side that did not would break the link at its second message, and every report would reconnect).
+    watch = json.loads((Path(job.folders["n0"]) / layout.WATCH_FILE).read_text())
+    assert watch["members"]["n1"]["links"] == 1, watch["members"]
+
+
+def test_a_frozen_trainer_is_caught_by_its_heartbeat_and_killed(loopback: Callable[..., Job]) -> None:
+    job = started(loopback, 2)
+    job.signal("n0", signal.SIGSTOP, trainers_only=True)  # frozen, not dead: only its silence can tell
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    cause = record.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("n0", Kind.FROZEN)
+    assert T <= cause.detect_s <= T + 4  # the heartbeat timeout, and a report or two
+    resumed_from_a_checkpoint(job, "n0")
+
+
+def test_a_lost_node_is_replaced_by_the_spare_in_its_rank(loopback: Callable[..., Job]) -> None:
+    job = started(loopback, 2, spares=1)
+    job.lose("n1")
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    assert record.assignment == {"n0": 0, "n2": 1} and "n1" in record.lost and record.restarts == 1
+    cause = record.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("n1", Kind.LOST)
+    assert T <= cause.detect_s <= T + 4
+    assert "n2 replaces n1" in job.log("n0")
+    resumed_from_a_checkpoint(job, "n0")
+
+
+def test_a_node_cut_off_without_a_spare_is_waited_for_and_welcomed_back(loopback: Callable[..., Job]) -> None:
+    """Its supervisor and trainer stopped for longer than the heartbeat timeout (a machine that hung, a cable out and
+    back): the hub counts it lost and waits; back, it finds the hub it lost still there, and the job goes on with it."""
+    job = started(loopback, 2)
+    job.signal("n1", signal.SIGSTOP)
+    wait_until(lambda: "n1" in job.record().lost, 30, "the hub to count n1 lost", job.logs)
+    job.signal("n1", signal.SIGCONT)
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    assert record.assignment == {"n0": 0, "n1": 1} and record.lost == {} and record.restarts == 1
+    assert record.hub == "n0" and record.term == 0  # n1 came back to the hub it had lost, and took no term
+    assert "n1 answered again" in job.log("n0")
+    cause = record.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("n1", Kind.LOST)
+    resumed_from_a_checkpoint(job, "n0")
+
+
+def test_the_hubs_node_lost_a_new_hub_waits_out_the_old_attempt_and_rank_0_moves_to_the_second_copy(
+        loopback: Callable[..., Job]) -> None:
+    job = started(loopback, 2, spares=1)
+    copy_step = job.step("n0")
+    job.lose("n0")
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    assert record.hub == "n1" and record.term == 1 and "n0" in record.lost
+    assert record.assignment == {"n1": 0, "n2": 1}  # the node with the second copy is rank 0 now
+    cause = record.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("n0", Kind.LOST)
+    # The new hub counted the old one lost (``at``) the loss time before it took over, and started no attempt
+    # before the old attempt's last process was surely gone (trainer.runtime.timing).
+    took_over = cause.at + T
+    timings = job.plans["n1"].timings
+    assert record.attempts[1].started_at - took_over >= timings.takeover_wait - 0.05, (record, timings)
+    attempt = resumed_from_a_checkpoint(job, "n1")  # the surviving copy, on n1
+    assert attempt["resumed_step"] >= copy_step - CKPT - 2  # the copy kept up with rank 0
+    assert "this node is the job's hub now (term 1; n0 was lost)" in job.log("n1")
+
+
+def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callable[..., Job]) -> None:
+    job = started(loopback, 2)
+    for name in job.names:  # what a scheduler or a cloud's spot notice sends: SIGTERM to the supervisor (its trainer,
+        os.kill(job.state(name).pid, signal.SIGTERM)  # in a session of its own, gets SIGUSR1 from it)
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    cause = record.attempts[1].cause
+    assert cause is not None and cause.kind == Kind.PREEMPTED and record.restarts == 1
+    attempt = resumed_from_a_checkpoint(job, "n0")
+    assert attempt["steps_lost"] == 0 and attempt["resumed_step"] == cause.failed_step
+    assert all("the trainer exited with status 75" in job.log(name) for name in job.names)

@@ -1,0 +1,103 @@
+"""The job's record and the watch's messages are typed values, read through one schema check
+(trainer.runtime.schema): they go to JSON and back unchanged, and anything malformed is refused naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import pytest
+
+from tests.runtime.test_plan import job, plans
+from trainer.runtime import schema
+from trainer.runtime.hub import new_record
+from trainer.runtime.messages import IDLE, Mode, NodeState, Report, Says, read_reply, read_report
+from trainer.runtime.record import Cause, End, EndState, JobRecord, Kind, Phase, RecordError
+
+
+def a_record(**fields: Any) -> JobRecord:
+    """A launch's record of a 2-node job with a spare, after one restart (n1 killed)."""
+    record = new_record(plans(job(["/home/a", "/home/b", "/home/c"], spares=1))["n0"], 1.7e9)
+    cause = Cause("n1", Kind.KILLED, "its trainer was killed by signal 9 (SIGKILL)", 1.7e9 + 60, -9,
+                  detected_at=1.7e9 + 61, detect_s=1.0, failed_step=120)
+    again = dataclasses.replace(record.attempts[0], attempt=1, started_at=1.7e9 + 70, cause=cause)
+    return dataclasses.replace(record.changed(attempt=1, restarts=1, attempts=(*record.attempts, again)), **fields)
+
+
+def test_a_record_goes_to_json_and_back_unchanged() -> None:
+    record = a_record(directory={"n0": "10.9.0.10:4000"}, lost={"n2": "it never joined"})
+    back = JobRecord.read(json.loads(json.dumps(record.to_json())))
+    assert back == record and back.phase is Phase.RUNNING and back.cause == record.attempts[1].cause
+    assert isinstance(back.attempts[1].cause, Cause) and back.cause is not None and back.cause.kind is Kind.KILLED
+    assert back.newer_than(dataclasses.replace(record, version=record.version - 1)) and not back.newer_than(back)
+    assert record.changed(restarts=2).version == record.version + 1
+    assert back.rank0 == "n0" and back.rank_of("n2") is None and not back.ended
+
+
+def broken(path: list[str | int], value: Any) -> dict[str, Any]:
+    data = a_record().to_json()
+    place = data
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(("path", "value", "said"), [
+    (["term"], "1", "record: term: expected int, got str '1'"),
+    (["term"], True, "record: term: expected int, got bool 'True'"),
+    (["phase"], "paused", "record: phase: 'paused' is not one of running, stopping, waiting, ended"),
+    (["attempts", 1, "cause", "at"], math.inf, r"record: attempts\[1\]: cause: at: expected float"),
+    (["assignment", "n1"], None, "record: assignment: n1: expected int, got NoneType"),
+    (["world_urls"], "10.9.0.10", "record: world_urls: expected a list, got str"),
+    (["schema"], 2, "record: schema 2, this runtime reads schema 1"),
+    (["end"], {"state": "stopped", "reason": "forged"}, "record: end: missing first_failure"),
+])  # fmt: skip
+def test_a_malformed_record_is_refused_naming_the_key(path: list[str | int], value: Any, said: str) -> None:
+    with pytest.raises(RecordError, match=said):
+        JobRecord.read(broken(path, value))
+
+
+def test_a_record_with_a_key_too_many_or_a_malformed_attempt_is_refused() -> None:
+    data = a_record().to_json()
+    data["reelection"] = 1
+    with pytest.raises(RecordError, match="record: unknown reelection"):
+        JobRecord.read(data)
+    del data["reelection"]
+    data["attempts"] = [{"a": [[[[["deeper"]]]]]}]
+    with pytest.raises(RecordError, match=r"record: attempts\[0\]: missing attempt, .*; unknown a"):
+        JobRecord.read(data)
+
+
+def report(**fields: Any) -> dict[str, Any]:
+    body = schema.dump(Report(says=Says.REPORT, node="n1", term=0, addr="10.9.0.11:4000", version=3, trainer=IDLE,
+                              trouble=None, progress={"state": "running", "step": 5}, port_offer=None, record=None))
+    return {**body, **fields}
+
+
+def test_a_members_message_is_checked_at_the_door() -> None:
+    assert read_report(report()).progress == {"state": "running", "step": 5}
+    join = read_report(report(says="join", record=a_record().to_json()))
+    assert join.record == a_record()
+    for bad, said in [(report(says="join"), "a join carries the member's record"),
+                      (report(record=a_record().to_json()), "a join carries the member's record"),
+                      (report(trainer={**schema.dump(IDLE), "state": "exploded"}), "trainer: state: 'exploded'"),
+                      (report(says="record"), "a member says join or report"),
+                      (report(progress=[1, 2]), "progress: expected an object"),
+                      (report(node=["n1"]), "node: expected str")]:
+        with pytest.raises(schema.SchemaError, match=said):
+            read_report(bad)
+    reply = read_reply({"says": "record", "record": a_record().to_json(), "progress": None})
+    assert reply.record == a_record()
+    with pytest.raises(schema.SchemaError, match="the answer: record: phase"):
+        read_reply({"says": "record", "record": broken(["phase"], 3), "progress": None})
+
+
+def test_a_nodes_state_reads_back() -> None:
+    end = End(EndState.STOPPED, "stopped by user", None)
+    state = NodeState(pid=1, node="n0", mode=Mode.HUB, term=0, addr="a:1", trainer=IDLE, record=a_record(),
+                      progress=None, end=end, updated=1.0)
+    back = NodeState.read(json.loads(json.dumps(schema.dump(state))), "state.json")
+    assert back == state and back.mode is Mode.HUB and back.end == end

@@ -1,0 +1,60 @@
+"""The follow's words (trainer.runtime.report) say what happens to the job: an attempt stopping, the next one
+starting, after what, detected how fast; the trainer's own failure message (a traceback's last line) is not the
+news."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tests.runtime.test_records import a_record
+from trainer.runtime import report
+from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, Phase
+
+FAILED = {"state": "failed", "epoch": 3, "epochs": 30, "step": 121, "steps_per_epoch": 40,
+          "message": "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer GLHF!"}
+RUNNING = {**FAILED, "state": "running", "message": ""}
+
+
+def status(record: JobRecord, progress: dict[str, Any] | None) -> dict[str, Any]:
+    return {"state": "running", "mode": "hub", "record": record.to_json(), "progress": progress,
+            "watch": {"quorum": {"needed": 2}, "lease": 2.0, "members": {
+                "n0": {"heard_ago": 0.2}, "n1": {"heard_ago": 0.4}, "n2": {"heard_ago": 0.1}}}}
+
+
+def test_a_restart_is_said_in_the_runtimes_words_not_the_trainers_traceback() -> None:
+    restarting = report.progress_line(status(a_record(), FAILED))  # the new attempt's trainer has not written yet
+    assert restarting.startswith("restarting (attempt 2 of 4): n1 killed, detected in 1.0 s; all 3 nodes heard")
+    assert "GLHF" not in restarting and "RuntimeError" not in restarting
+    training = report.progress_line(status(a_record(), RUNNING))
+    assert training.startswith("running: epoch 3/30 done; step 121/1200")
+    assert "; attempt 2 of 4, after n1 killed (detected in 1.0 s); all 3 nodes heard" in training
+
+
+def test_an_attempt_stopping_and_a_wait_are_said_with_the_failure_and_its_detection() -> None:
+    first = Failure("n2", Kind.FROZEN, "its trainer (pid 7) is frozen: no heartbeat for 61 s", 1.7e9 + 100)
+    stopping = a_record(phase=Phase.STOPPING, first_failure=first, detected_at=1.7e9 + 103.8)
+    line = report.progress_line(status(stopping, FAILED))
+    assert line.startswith("stopping (attempt 2 of 4): n2 frozen, detected in 3.8 s: its trainer (pid 7) is frozen")
+    assert "GLHF" not in line
+    waiting = dataclasses.replace(stopping, phase=Phase.WAITING, waiting="n2 was lost; no spare: waiting up to 300 s")
+    assert report.progress_line(status(waiting, FAILED)).startswith(
+        "waiting (attempt 2 of 4): n2 was lost; no spare: waiting up to 300 s")
+    failed = dataclasses.replace(stopping, phase=Phase.ENDED, end=End(EndState.FAILED, "n2 failed first: ...", first))
+    assert report.progress_line(status(failed, FAILED)) == "the job failed: n2 failed first: ..."
+    done = dataclasses.replace(failed, end=End(EndState.FINISHED, "attempt 1 trained to the end on every node", None))
+    assert report.progress_line(status(done, {**RUNNING, "state": "finished"})).startswith("finished: epoch 3/30")
+
+
+def test_the_controllers_reports_read_the_record_through_its_schema() -> None:
+    states = {"n0": status(a_record(), RUNNING), "n1": {"state": "running", "mode": "member",
+                                                        "record": {"version": "not a record"}}}
+    assert report.hub_of(states["n0"]) == "n0" and report.hub_of(states["n1"]) == ""  # unreadable: no hub named
+    assert report.rank0_of(states) == "n0" and report.freshest(states) is states["n0"]
+    assert report.attempt_lines(a_record().to_json()) == [
+        "attempt 1: n1 killed (its trainer was killed by signal 9 (SIGKILL)); detected after 1.0 s at step 120; "
+        "ranks n0=0, n1=1"]
+    ended = a_record(phase=Phase.ENDED, end=End(EndState.STOPPED, "stopped by user: stop-training.yml", None))
+    end = report.end_report({"n0": {**status(ended, RUNNING), "state": "stopped"}})
+    assert end["state"] == "stopped" and end["message"].startswith("The job stopped: stopped by user")
+    assert report.job_end(status(ended, None)) == ended.end

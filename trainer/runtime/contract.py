@@ -1,0 +1,73 @@
+"""What the trainer, the job runtime and the launcher agree on, written once: the trainer, the runtime and the
+launcher's plugins import it from here. Standard library only, no torch, no other module of this package: the
+trainer imports it without importing the runtime, the runtime without the trainer.
+
+- the environment a node's supervisor gives its trainer (and the weights variables a site may set);
+- what the trainer's exit status tells whoever restarts it;
+- the files of a run directory (LOG.BASE_PATH/EXP_NAME) and which of them the launcher collects;
+- the default weights cache, the run name of ``EXP_NAME: use_time``;
+- which node keeps the second copy of the checkpoints (it becomes rank 0 when the rank-0 node is replaced);
+- how many threads a CPU worker gets when nobody says.
+
+Where a job's files are on a node is trainer.runtime.layout's answer (that file runs alone on the nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+# -- the environment of a job's processes (set by the node's supervisor: trainer.runtime.node) --------------------
+JOB_DIR_ENV = "VIDCLUSTER_JOB_DIR"  # every process of a job: its folder on the node (trainer.runtime.procs)
+TRAINER_ENV = "VIDCLUSTER_TRAINER"  # a job's training processes: the attempt they belong to
+HEARTBEAT_DIR_ENV = "VIDCLUSTER_HEARTBEAT_DIR"  # where each training process writes its heartbeat (trainer.heartbeat)
+HEARTBEAT_INTERVAL_ENV = "VIDCLUSTER_HEARTBEAT_INTERVAL"  # seconds between two beats
+ATTEMPT_ENV = "VIDCLUSTER_ATTEMPT"  # a restarted attempt: what failed before it (ATTEMPT_FIELDS, JSON)
+# field -> the JSON types it may have; the supervisor writes exactly these, the trainer checks them
+ATTEMPT_FIELDS: Mapping[str, tuple[type, ...]] = {
+    "attempt": (int,), "cause": (str,), "node": (str,), "detected_at": (int, float), "detect_s": (int, float),
+    "failed_step": (int, type(None)),
+}
+
+# -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
+WEIGHTS_CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
+WEIGHTS_URL_ENV = "VIDCLUSTER_WEIGHTS_URL"
+WEIGHTS_TABLE_ENV = "VIDCLUSTER_WEIGHTS_TABLE"
+WEIGHTS_CACHE = "~/.cache/vidcluster/weights"  # without $VIDCLUSTER_WEIGHTS_CACHE; "~": the node's home
+
+# -- exit statuses (trainer.errors raises them, trainer.runtime.verdict reads them) ---------------------------------
+EXIT_REJECTED = 2  # the input is bad (config, data, weights): one `error:` line; a restart cannot fix it
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: asked to stop, every rank checkpointed at one step: start again to resume
+
+# -- the run directory (the trainer writes it; the launcher collects from it) --------------------------------------
+STATUS_FILE = "status.json"  # rank 0's progress, polled by the node's supervisor
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+DIGEST_FILE = "weights_digest.json"
+RUN_CONFIG_FILE = "config.yaml"
+RUN_NAME_TIME = "%Y-%m-%d-%H-%M-%S"  # EXP_NAME use_time: the start time, as GluonCV names a run
+
+# -- ranks -----------------------------------------------------------------------------------------------------------
+COPY_NODE_RANK = 1  # the node that keeps the second copy of the checkpoints and the run's history
+
+
+def run_files(log_filename: str) -> list[str]:
+    """The run directory's files the launcher collects from the rank-0 node when a job ends, required ones first."""
+    return [METRICS_FILE, STATUS_FILE, CURVES_FILE, log_filename, DIGEST_FILE, RUN_CONFIG_FILE]
+
+
+def run_name(when: float | None = None) -> str:
+    """The run directory's name for EXP_NAME use_time, started at ``when`` (now)."""
+    return time.strftime(RUN_NAME_TIME, time.localtime(when))
+
+
+def thread_budget(workers: int, cpus: int | None = None) -> int:
+    """Threads per CPU worker when OMP_NUM_THREADS is not set: the node's cores shared, instead of every worker of
+    the node starting one thread per core."""
+    return max(1, (cpus if cpus is not None else os.cpu_count() or 1) // max(1, workers))
+
+
+def copy_rank(processes_per_node: int) -> int:
+    """The global rank that writes the second copy of the checkpoints: the first process of node COPY_NODE_RANK."""
+    return COPY_NODE_RANK * processes_per_node

@@ -1,0 +1,131 @@
+"""The listening side of a supervisor's watch: every supervisor listens on an ephemeral port of its cluster address;
+members connect to say ``join`` and ``report`` (trainer.runtime.messages) and get the supervisor's answer.
+
+What an outside host can do to it, and what it costs:
+- a connection from an address that is not one of the plan's members is closed at once, before any hello;
+- a member's address holds at most ``PER_ADDRESS`` connections at once (another user of a member's machine can
+  crowd out that member's own connections at worst, never another member's);
+- a connection that does not prove itself (trainer.runtime.wire) within the hello timeout is closed; lines are at
+  most the job's line limit;
+- a body that does not follow its schema, a member claiming a name that is not its address's, a second name on one
+  connection: refused;
+- every refusal and every unexpected error is logged once per address (``Refusals``: at most ``REFUSED_KEPT``
+  addresses are named, the rest are counted together), and nothing a peer sends ends the listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections import Counter
+from collections.abc import Callable
+
+from trainer.runtime import layout, schema, wire
+from trainer.runtime.log import Once, Say
+from trainer.runtime.messages import NotHub, Reply, Report, read_report
+from trainer.runtime.plan import NodePlan
+
+PER_ADDRESS = 8  # connections at once from one member's address: its link to the hub, a search's asks, stale ones
+REFUSED_KEPT = 64  # addresses whose refusals are counted one by one in watch.json
+
+Answer = Callable[[str, Report], Reply]
+
+
+def same_address(address: str) -> str:
+    """One spelling per address (fd00:0::1 and fd00::1, ::ffff:10.0.0.1 and 10.0.0.1 are the same)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+class Refusals:
+    """Connections refused, per address: at most ``kept`` addresses, the others counted as one."""
+
+    def __init__(self, say: Say, kept: int = REFUSED_KEPT) -> None:
+        self.counts: dict[str, int] = {}
+        self.others = 0
+        self.kept = kept
+        self.once = Once(say, kept)
+
+    def refuse(self, peer: str, why: str) -> None:
+        if peer in self.counts or len(self.counts) < self.kept:
+            self.counts[peer] = self.counts.get(peer, 0) + 1
+        else:
+            self.others += 1
+        self.once(peer, f"refused a connection from {peer}: {why} (said once per address)")
+
+    def snapshot(self) -> dict[str, int]:
+        return {**self.counts, **({"others": self.others} if self.others else {})}
+
+
+class Listener:
+    def __init__(self, plan: NodePlan, keyring: wire.Keyring, answer: Answer, say: Say) -> None:
+        self.plan = plan
+        self.keyring = keyring
+        self.answer = answer
+        self.timings = plan.timings
+        self.limit = wire.line_limit(len(plan.members))
+        self.names: dict[str, set[str]] = {}  # member address -> the members planned there (others than this one)
+        for m in plan.members:
+            if m.name != plan.node:
+                self.names.setdefault(same_address(m.ip), set()).add(m.name)
+        self.open: Counter[str] = Counter()  # member address -> connections open now
+        self.joins: Counter[str] = Counter()  # member -> connections it opened (a healthy member keeps one)
+        self.refusals = Refusals(say)
+        self.errors = Once(say)
+        self.server: asyncio.Server | None = None
+        self.addr = ""
+
+    async def start(self) -> str:
+        """Listen on an ephemeral port of this node's cluster address; ``host:port``."""
+        ip = self.plan.me.ip
+        self.server = await asyncio.start_server(self.serve, host=ip, port=0, limit=self.limit)
+        self.addr = f"{layout.url_host(ip)}:{self.server.sockets[0].getsockname()[1]}"
+        return self.addr
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = same_address(str((writer.get_extra_info("peername") or ("?",))[0]))
+        try:
+            if peer not in self.names:
+                self.refusals.refuse(peer, "not the address of another member of this job")
+            elif self.open[peer] >= PER_ADDRESS * len(self.names[peer]):
+                self.refusals.refuse(peer, f"more than {PER_ADDRESS} connections at once")
+            else:
+                self.open[peer] += 1
+                try:
+                    await self._talk(peer, reader, writer)
+                finally:
+                    self.open[peer] -= 1
+        except (wire.Closed, wire.Silent):
+            pass  # a member that hung up or fell silent; an unproven connection costs nothing more than its time
+        except (wire.WireError, schema.SchemaError) as exc:
+            self.refusals.refuse(peer, str(exc))
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the peer went away
+        except Exception as exc:  # a bug: said once per kind, and the listener goes on
+            self.errors(f"serve {type(exc).__name__}", f"error while answering {peer}: {type(exc).__name__}: {exc}")
+        finally:
+            writer.close()
+
+    async def _talk(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link, body = await wire.accept(reader, writer, self.keyring, self.limit)
+        report = read_report(body)
+        node = report.node
+        if node not in self.names[peer]:
+            raise wire.WireError(f"it claims to be {node!r}, which is not the member at this address")
+        self.joins[node] += 1
+        while True:
+            reply = self.answer(node, report)
+            await link.send(schema.dump(reply))
+            if isinstance(reply, NotHub):
+                return
+            report = read_report(await link.recv(self.timings.next_report))
+            if report.node != node:
+                raise wire.WireError(f"{node} speaks as {report.node!r} on its own connection")

@@ -1,0 +1,153 @@
+"""What the supervisors of a job say to each other over the watch (trainer.runtime.wire carries the bodies), and a
+node's own state: typed values, each body checked at the door (``read_report``, ``read_reply``; trainer.runtime.schema)
+and refused when it does not fit.
+
+A member says (``Report``) ``join`` on a new connection, with the record it holds, then ``report`` every
+``report_every`` seconds (trainer.runtime.timing), and at once when its trainer starts, exits or fails. The hub
+answers each with its record (``RecordReply``); a supervisor that is not the hub answers where the hub is
+(``NotHub``) and closes the connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from trainer.runtime import schema
+from trainer.runtime.record import End, JobRecord, Kind
+from trainer.runtime.schema import JsonObject
+
+
+class Mode(StrEnum):
+    """A supervisor's part in the watch."""
+
+    MEMBER = "member"  # reports to the hub
+    SEARCHING = "searching"  # lost its hub, looks for the next one (trainer.runtime.succession)
+    HUB = "hub"  # keeps the job's record
+
+
+class TrainerState(StrEnum):
+    IDLE = "idle"  # no attempt started here yet
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+class Says(StrEnum):
+    JOIN = "join"
+    REPORT = "report"
+    RECORD = "record"
+    NOT_HUB = "not_hub"
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A node's trainer in its latest attempt."""
+
+    attempt: int | None
+    state: TrainerState
+    rank: int | None
+    pid: int | None
+    rc: int | None
+    started: float | None  # wall clock
+    ended: float | None
+
+    @property
+    def running(self) -> bool:
+        return self.state == TrainerState.RUNNING
+
+
+IDLE = Trainer(attempt=None, state=TrainerState.IDLE, rank=None, pid=None, rc=None, started=None, ended=None)
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """What a node saw go wrong with its trainer in an attempt (frozen, preempted, stopped by a user)."""
+
+    attempt: int
+    kind: Kind
+    reason: str
+    at: float  # wall clock
+
+
+@dataclass(frozen=True)
+class Report:
+    """A member to the hub."""
+
+    says: Says  # join (a new connection) or report
+    node: str
+    term: int  # the hub's term as this member knows it (a join: the term it asks the candidate to be hub of)
+    addr: str  # where this member's supervisor listens
+    version: int  # the version of the record it holds
+    trainer: Trainer
+    trouble: Trouble | None
+    progress: JsonObject | None  # rank 0's status.json (only the rank-0 node sends it)
+    port_offer: int | None  # a free port here: the next attempt's rendezvous if this node gets rank 0
+    record: JobRecord | None  # a join: the record this member holds (a hub that took over learns the job from it)
+
+    def __post_init__(self) -> None:
+        if self.says not in (Says.JOIN, Says.REPORT):
+            raise ValueError(f"a member says join or report, not {self.says}")
+        if (self.record is not None) != (self.says == Says.JOIN):
+            raise ValueError("a join carries the member's record, a report does not")
+
+
+@dataclass(frozen=True)
+class RecordReply:
+    """The hub to a member: its record and the run's progress."""
+
+    says: Says
+    record: JobRecord
+    progress: JsonObject | None
+
+    def __post_init__(self) -> None:
+        if self.says != Says.RECORD:
+            raise ValueError(f"expected record, got {self.says}")
+
+
+@dataclass(frozen=True)
+class NotHub:
+    """A supervisor that is not the hub, to a member: who it thinks the hub is."""
+
+    says: Says
+    hub: str
+    term: int
+    searching: bool  # it has lost its hub too
+    addr: str | None  # where that hub listens, if it knows
+
+    def __post_init__(self) -> None:
+        if self.says != Says.NOT_HUB:
+            raise ValueError(f"expected not_hub, got {self.says}")
+
+
+Reply = RecordReply | NotHub
+
+
+def read_report(body: Any) -> Report:
+    return schema.parse(Report, body, "the member's message")
+
+
+def read_reply(body: Any) -> Reply:
+    if isinstance(body, dict) and body.get("says") == Says.RECORD:
+        return schema.parse(RecordReply, body, "the answer")
+    return schema.parse(NotHub, body, "the answer")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node's part of the job as its supervisor last wrote it (state.json): read by the node's verbs."""
+
+    pid: int
+    node: str
+    mode: Mode
+    term: int
+    addr: str
+    trainer: Trainer
+    record: JobRecord
+    progress: JsonObject | None
+    end: End | None
+    updated: float
+
+    @classmethod
+    def read(cls, data: Any, where: str) -> NodeState:
+        return schema.parse(cls, data, where)

@@ -1,0 +1,157 @@
+"""The job's record: the job as its members know it, a typed value that the hub alone changes
+(trainer.runtime.hub) and every member keeps the newest of.
+
+It says which attempt runs and in which phase, which member has which node rank, the attempt's rendezvous, every
+attempt so far and what ended the one before, the restarts used, the members lost, where each member's supervisor
+listens, and how the job ended. Its ``version`` grows with every change and its ``term`` with every new hub, so
+``newer_than`` orders any two records of a job; a hub that takes over carries on from the newest a member kept.
+
+A record is read from the watch and from a node's state.json only through ``JobRecord.read`` (trainer.runtime.schema:
+exactly these fields, each of its type): a malformed one is refused, never adopted. Everything else reads its fields.
+
+Phases of an attempt:
+    running   every assigned member runs its trainer;
+    stopping  a failure was named (``first_failure``): every assigned member stops its trainer;
+    waiting   for a lost node to come back, or for a majority of members (``waiting`` says which);
+    ended     ``end`` says how.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from trainer.runtime import schema
+
+SCHEMA = 1
+
+
+class Phase(StrEnum):
+    RUNNING = "running"
+    STOPPING = "stopping"
+    WAITING = "waiting"
+    ENDED = "ended"
+
+
+class EndState(StrEnum):
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Kind(StrEnum):
+    """Failure kinds, as the node that saw them names them (trainer.runtime.verdict says what each means)."""
+
+    REJECTED = "rejected"
+    STOPPED = "stopped"
+    PREEMPTED = "preempted"
+    KILLED = "killed"
+    FROZEN = "frozen"
+    LOST = "lost"
+    EXITED = "exited"
+
+
+class RecordError(schema.SchemaError):
+    """A record that does not follow this schema (from a bad peer, or another version of the runtime)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failure of one node in an attempt: ``at`` the wall-clock time of the failed part's last sign of life, ``rc``
+    the trainer's exit status when it has one."""
+
+    node: str
+    kind: Kind
+    reason: str
+    at: float
+    rc: int | None = None
+
+
+@dataclass(frozen=True)
+class Cause(Failure):
+    """The failure that ended an attempt, as the next attempt records it: when the hub named it (``detected_at``,
+    ``detect_s`` after ``at``) and the last step rank 0 had reported then (``failed_step``)."""
+
+    detected_at: float = 0.0
+    detect_s: float = 0.0
+    failed_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt: int
+    started_at: float  # wall clock
+    assignment: dict[str, int]  # node -> node rank
+    rendezvous: str
+    cause: Cause | None  # what ended the attempt before (None: the launch)
+
+
+@dataclass(frozen=True)
+class End:
+    state: EndState
+    reason: str
+    first_failure: Failure | None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    schema: int
+    version: int
+    job: str
+    term: int  # the hub's term: member ``term mod M`` is the hub (trainer.runtime.succession)
+    hub: str
+    attempt: int
+    phase: Phase
+    assignment: dict[str, int]  # node -> node rank, this attempt
+    rendezvous: str  # tcp://host:port of this attempt
+    world_urls: tuple[str, ...]  # the attempt's nodes' addresses in node-rank order (DDP_CONFIG.WOLRD_URLS)
+    directory: dict[str, str]  # node -> where its supervisor listens (host:port)
+    restarts: int
+    max_restarts: int
+    lost: dict[str, str]  # node -> why it is lost
+    attempts: tuple[Attempt, ...]
+    first_failure: Failure | None  # the failure that stops this attempt (stopping, waiting)
+    detected_at: float | None  # when the hub named it (wall clock)
+    failed_step: int | None  # the last step rank 0 had reported then
+    waiting: str  # what the attempt waits for (waiting)
+    end: End | None
+
+    def __post_init__(self) -> None:
+        if self.schema != SCHEMA:
+            raise RecordError(f"schema {self.schema}, this runtime reads schema {SCHEMA}")
+
+    @classmethod
+    def read(cls, data: Any, where: str = "record") -> JobRecord:
+        """A record from decoded JSON, or RecordError naming the fault."""
+        return schema.parse(cls, data, where, RecordError)
+
+    def to_json(self) -> dict[str, Any]:
+        return typing.cast(dict[str, Any], schema.dump(self))
+
+    def newer_than(self, other: JobRecord) -> bool:
+        """A later hub's term first, then the version."""
+        return (self.term, self.version) > (other.term, other.version)
+
+    def changed(self, **fields: Any) -> JobRecord:
+        """The next version of the record, with these fields changed."""
+        return dataclasses.replace(self, version=self.version + 1, **fields)
+
+    def rank_of(self, node: str) -> int | None:
+        return self.assignment.get(node)
+
+    @property
+    def rank0(self) -> str | None:
+        """The node with rank 0 in this attempt."""
+        return next((node for node, rank in self.assignment.items() if rank == 0), None)
+
+    @property
+    def cause(self) -> Cause | None:
+        """What ended the attempt before this one (None for the launch's attempt)."""
+        return self.attempts[-1].cause if self.attempts else None
+
+    @property
+    def ended(self) -> bool:
+        return self.end is not None

@@ -1,0 +1,78 @@
+"""Every interval of the job's watch, derived from the plan's heartbeat timeout (and stop grace) here and nowhere
+else, with the ordering the no-split rule needs checked (NVIDIA's resiliency extension derives its timeouts the same
+way, in timeouts_calc.py).
+
+The rule (trainer.runtime.supervisor): two groups of nodes cut off from each other never both train. A hub starts an
+attempt only while it hears a majority; after a cut that leaves the hub without one, from the moment C of the cut:
+
+    the old hub stops its attempt    once the members it no longer hears leave its majority, ``lease`` after it last
+                                     heard them (at C - ``report_every`` or later), on its next tick; its members learn
+                                     it at their next report and give their trainers SIGTERM, SIGKILL ``stop_grace``
+                                     later (on a tick): all gone by C + lease + 2 TICK + report_every + stop_grace;
+    the others count the hub lost    ``loss`` after they last heard it (C - ``report_every`` at the earliest), and one
+                                     of them takes over: at C + loss - report_every at the earliest;
+    the new hub starts an attempt    ``takeover_wait`` after it took over, at the earliest.
+
+So lease < loss (the old hub gives up first), and takeover_wait is the stop grace and what the old hub's side needs
+beyond ``loss`` to pass its stop on: ``check`` asserts both orderings, whatever changes the formulas here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TICK = 0.5  # a supervisor's tick: it polls its trainer and acts on the record this often
+WAITING_REPORT_S = 1.0  # a member whose trainer has stopped asks the hub what comes next this often at least
+
+
+class TimingError(ValueError):
+    """Watch settings under which the no-split rule would not hold (the message names the inequality)."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    heartbeat_timeout: float
+    stop_grace: float  # SIGTERM (a checkpoint at a common step) to SIGKILL
+    report_every: float  # a member's report to the hub, and a training process's heartbeat
+    waiting_report: float  # a member's report while its trainer has stopped and it waits on the hub
+    lease: float  # the hub counts a member in its majority this long after hearing it
+    loss: float  # silence after which a member (or the hub) is lost, and a heartbeat makes a trainer frozen
+    settle: float  # after the first failure of an attempt, for its cause to arrive, before the hub names it
+    confirm_stop: float  # a member has this long to confirm its trainer stopped, or it is lost
+    takeover_wait: float  # a hub that took over starts no attempt before this
+    takeover_join: float  # a hub that took over counts a member that never joins it lost after this
+    dial: float  # connecting to a supervisor and hearing its first answer
+    reply_wait: float  # a member waits this long for the hub's answer to its report
+    next_report: float  # the hub's side of a link waits this long for the member's next report
+    retry: float  # a member retries a broken link to the hub after this
+    search_pause: float  # between two tries of the search for a new hub
+    search_give_up: float  # the search for a new hub gives up after this
+
+    @classmethod
+    def derive(cls, heartbeat_timeout: float, stop_grace: float, node_wait: float) -> Timings:
+        t = heartbeat_timeout
+        beat, lease, loss = max(TICK, t / 6), t / 2, t
+        timings = cls(
+            heartbeat_timeout=t, stop_grace=stop_grace, report_every=beat, waiting_report=min(beat, WAITING_REPORT_S),
+            lease=lease, loss=loss, settle=min(3.0, t / 6), confirm_stop=stop_grace + min(30.0, t),
+            takeover_wait=stop_grace + max(0.0, lease + 2 * beat + 2 * TICK - loss) + TICK, takeover_join=t,
+            dial=min(5.0, t), reply_wait=min(2 * beat + 5, loss), next_report=t, retry=min(2.0, beat),
+            search_pause=min(3.0, t / 4), search_give_up=max(node_wait, 3 * t),
+        )
+        timings.check()
+        return timings
+
+    def check(self) -> None:
+        """Refuse timings that break the no-split rule or drop healthy links (see the module docstring)."""
+        old_gone = self.lease + 2 * TICK + self.report_every + self.stop_grace
+        new_start = self.loss - self.report_every + self.takeover_wait
+        rules = (
+            (self.lease < self.loss, f"lease ({self.lease:g} s) < loss ({self.loss:g} s)"),
+            (old_gone < new_start, f"the old attempt gone ({old_gone:g} s after a cut) before a new hub's first "
+                                   f"attempt ({new_start:g} s)"),
+            (self.report_every < self.lease, f"reports ({self.report_every:g} s) within the lease ({self.lease:g} s)"),
+        )
+        broken = [words for holds, words in rules if not holds]
+        if broken:
+            raise TimingError(f"heartbeat_timeout {self.heartbeat_timeout:g} s with stop_grace {self.stop_grace:g} s "
+                              f"breaks: {'; '.join(broken)} (raise heartbeat_timeout)")
