@@ -142,8 +142,10 @@ class LocalCluster:
         return proc
 
     def destroy(self) -> None:
-        """state=absent, then delete by name whatever is still there (processes, namespaces, links, state)."""
-        run_playbook(CLUSTER_PLAYBOOK, "-e", f"cluster_name={self.name}", "-e", "state=absent", check=False)
+        """state=absent (unless a test tore the cluster down already), then delete by name whatever is still there
+        (processes, namespaces, links, state)."""
+        if self.state_dir.exists():
+            run_playbook(CLUSTER_PLAYBOOK, "-e", f"cluster_name={self.name}", "-e", "state=absent", check=False)
         force_delete(self.name)
 
 
@@ -230,6 +232,37 @@ def job_processes(job_id: str) -> list[int]:
             if any(var.startswith(b"VIDCLUSTER_JOB_DIR=") and marker in var for var in env):
                 found.append(int(entry.name))
     return found
+
+
+# A whole job in seconds on a local cluster: a poll every 2 s, one thread per trainer, a 10 s heartbeat timeout and
+# stop grace, the hub looked for again after 15 s of silence, a quarter of an hour of following at most.
+FAST_JOB_ARGS = (
+    "-e", "ddp_launch_poll_seconds=2",
+    "-e", "ddp_config_omp_num_threads=1",
+    "-e", "ddp_config_heartbeat_timeout=10",
+    "-e", "ddp_config_stop_grace=10",
+    "-e", "ddp_launch_recheck_seconds=15",
+    "-e", "ddp_launch_follow_hours=0.25",
+)  # fmt: skip
+
+
+def trainer_pid(job_id: str, node: str) -> int:
+    """A training process of the job on the node (every one of them carries its node's job folder and attempt)."""
+    for pid in job_processes(job_id):
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        if f"/{job_id}/{node}\0".encode() in environ and b"VIDCLUSTER_TRAINER=" in environ:
+            return pid
+    raise AssertionError(f"no trainer of {job_id} on {node}")
+
+
+def finish(play: subprocess.Popen[str], timeout: float = 420) -> str:
+    """A play's output once it ended (killed after ``timeout`` seconds)."""
+    try:
+        out, _ = play.communicate(timeout=timeout)
+    finally:
+        if play.poll() is None:
+            play.kill()
+    return out
 
 
 def stage_dataset(cluster: LocalCluster, folder: Path, train: int = 8,
