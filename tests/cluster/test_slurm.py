@@ -7,11 +7,11 @@ machine, one slurmd per namespace host, munge, a login host, a shared home) that
   - setup-cluster.yml: no SSH mesh (it says why), the environment proven on the compute nodes by a Slurm job and
     compared with the login host's; a job the site cannot run is named with Slurm's words;
   - launch-training.yml (2 nodes, gloo, heartbeat timeout 10 s): a job trains to the end with the allocation's
-    ranks (the reference: its final weights); a trainer killed restarts in the same allocation (no requeue) with the
-    reference's weights; a node lost with a spare in the allocation: the spare takes its rank, no requeue; a node lost
-    without one: Slurm requeues the job, which resumes and finishes; a time limit shorter than the training: every
-    rank checkpoints at one step, the job requeues and loses no step; training-status.yml shows the queue and the
-    progress, stop-training.yml stops the job at a checkpoint and it leaves the queue.
+    ranks (the reference: its final weights); beside it, a trainer killed restarts in the same allocation (no
+    requeue) with the reference's weights; a node lost with a spare in the allocation: the spare takes its rank, no
+    requeue; a node lost without one: Slurm requeues the job, which resumes and finishes; a time limit shorter than
+    the training: every rank checkpoints at one step, the job requeues and loses no step; training-status.yml shows
+    the queue and the progress, stop-training.yml stops the job at a checkpoint and it leaves the queue.
 Slurm's view of each job: scontrol (its Restarts) and its completion log (jobcomp/filetxt: one line per run of a job,
 requeued runs included; this cluster has no accounting database for sacct).
 Slow (a Slurm cluster and whole jobs): the slow lane, `bash scripts/test.sh --slow`.
@@ -278,21 +278,37 @@ EPOCHS = 6
 
 @pytest.fixture(scope="module")
 def reference(cluster: LocalCluster, dataset: Path) -> dict:
-    """An uninterrupted 2-node job: its final weights, and how long an epoch took (to size the time-limit job)."""
-    job = f"{cluster.name}-ref"
-    play = launch(cluster, job, EPOCHS)
-    # Meanwhile, while every node is whole and a job runs: a second run of the cluster's playbook changes nothing.
+    """An uninterrupted 2-node job (its final weights, and how long an epoch took: to size the time-limit job) and,
+    side by side with it, the same job whose rank-1 trainer is killed at epoch 2 (two jobs at once: a quicker
+    module)."""
+    job, killed = f"{cluster.name}-ref", f"{cluster.name}-kill"
+    play, kill_play = launch(cluster, job, EPOCHS), launch(cluster, killed, EPOCHS)
+    # Meanwhile, while every node is whole and jobs run: a second run of the cluster's playbook changes nothing.
     again = subprocess.Popen([str(REPO / ".venv" / "bin" / "ansible-playbook"), str(CLUSTER_PLAYBOOK), "-e",
                               f"nodes={COMPUTE}", "-e", f"cluster_name={cluster.name}", "-e", "slurm=true"],
                              cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_epoch(cluster, job, 1, play)
-    started = time.monotonic()
-    wait_for_epoch(cluster, job, EPOCHS - 1, play)
-    epoch_s = (time.monotonic() - started) / (EPOCHS - 2)
+    # One loop watches both: the reference's epochs are timed while the other job's rank 1 is killed at epoch 2.
+    started, timed, node1, deadline = None, None, None, time.monotonic() + 300
+    while (epoch := run_status(cluster, job).get("epoch", 0)) < EPOCHS - 1 or node1 is None:
+        if epoch >= EPOCHS - 1 and started is not None:
+            timed = timed or (time.monotonic() - started) / (EPOCHS - 2)
+        for what, ended in ((job, play.poll() is not None and epoch < EPOCHS - 1),
+                            (killed, kill_play.poll() is not None and node1 is None)):
+            assert not ended, f"{what}'s play ended early:\n{finish(play)[-3000:]}{finish(kill_play)[-3000:]}"
+        assert time.monotonic() < deadline, f"{job} did not reach epoch {EPOCHS - 1}, or {killed} epoch 2"
+        started = started or (time.monotonic() if epoch >= 1 else None)
+        if node1 is None and run_status(cluster, killed).get("epoch", 0) >= 2:
+            node1 = next(n for n in compute(cluster) if final_record(cluster, killed)["assignment"].get(n.name) == 1)
+            os.kill(trainer_pid(killed, node1.name), signal.SIGKILL)
+        time.sleep(0.3)
+    assert started is not None
+    epoch_s = timed or (time.monotonic() - started) / (EPOCHS - 2)
     out = finish(play)
     assert f"Job {job} finished" in flat(out), out[-4000:]
     assert "Job " + job + " submitted as Slurm job" in flat(out)
-    return {"job": job, "digest": digest(job), "out": out, "epoch_s": epoch_s, "second_run": finish(again)}
+    kill_out = finish(kill_play)
+    return {"job": job, "digest": digest(job), "out": out, "epoch_s": epoch_s, "second_run": finish(again),
+            "killed": {"job": killed, "node": node1.name, "out": kill_out, "rc": kill_play.returncode}}
 
 
 def test_a_second_run_of_the_clusters_playbook_changes_nothing(reference: dict) -> None:
@@ -322,16 +338,11 @@ def test_a_two_node_job_trains_to_the_end_with_the_allocations_ranks(cluster: Lo
 
 
 def test_a_killed_trainer_restarts_in_the_same_allocation(cluster: LocalCluster, reference: dict) -> None:
-    job = f"{cluster.name}-kill"
-    play = launch(cluster, job, EPOCHS)
-    wait_for_epoch(cluster, job, 2, play)
-    node1 = next(n for n in compute(cluster) if final_record(cluster, job)["assignment"].get(n.name) == 1)
-    os.kill(trainer_pid(job, node1.name), signal.SIGKILL)
-    out = finish(play)
-    assert play.returncode == 0, out[-4000:]
+    job, node1 = reference["killed"]["job"], reference["killed"]["node"]
+    assert reference["killed"]["rc"] == 0, reference["killed"]["out"][-4000:]
     record = final_record(cluster, job)
     cause = record["attempts"][1]["cause"]
-    assert record["restarts"] == 1 and (cause["node"], cause["kind"]) == (node1.name, "killed")
+    assert record["restarts"] == 1 and (cause["node"], cause["kind"]) == (node1, "killed")
     shown, runs = slurm_view(cluster, job)
     assert " Restarts=0 " in shown and len(runs) == 1, (shown, runs)  # one run of the job: no requeue
     (restarted,) = attempts(job)
@@ -388,10 +399,11 @@ def as_admin(cluster: LocalCluster, *args: str) -> str:
 def test_a_time_limit_shorter_than_the_training_requeues_without_losing_a_step(cluster: LocalCluster,
                                                                               reference: dict) -> None:
     # Slurm's smallest limit (1 minute), the signal asked 10 s before it; Slurm looks every 30 s, so it comes 20 to
-    # 50 s into a run: a training sized from the reference's epochs to last 50 s is stopped in its first run. Once
-    # requeued, the administrator lifts the limit, so that the second run finishes whatever this machine's speed.
+    # 50 s into a run: a training sized from the reference's epochs (timed beside the kill job: alone it may train
+    # up to twice as fast) to last 100 s is stopped in its first run. Once requeued, the administrator lifts the
+    # limit, so that the second run finishes whatever this machine's speed.
     job = f"{cluster.name}-limit"
-    epochs = max(EPOCHS, round(50 / reference["epoch_s"]))
+    epochs = max(EPOCHS, round(100 / reference["epoch_s"]))
     play = launch(cluster, job, epochs, "-e", "vidcluster_slurm_time=1", "-e", "vidcluster_slurm_signal_seconds=10")
     deadline = time.monotonic() + 180
     while not (job_dir(cluster, job) / "login" / "slurm.json").exists() or not (
