@@ -14,9 +14,11 @@ VENV="$ROOT/.venv"
 # copies datasets with it (the local test nodes run this machine's binaries); nftables, iptables, sudo: the host firewall
 # of setup-cluster.yml -e firewall=true on the local test nodes (either tool, as a Debian node has it; sudo for become,
 # granted only inside the nodes made with local-cluster.yml -e sudo=true), and the cluster tests' rule that closes a
-# test node's ports in its namespace (tests/cluster/conftest.py: closed_ports).
+# test node's ports in its namespace (tests/cluster/conftest.py: closed_ports); slurm-client: scontrol, with which a
+# trainer under a plain srun finds its rank-0 node; slurmctld, slurmd, munge: the local Slurm cluster
+# (playbooks/local-cluster.yml -e slurm=true; their services are not started: the playbook runs its own daemons).
 APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates
-  rsync nftables iptables sudo)
+  rsync nftables iptables sudo slurm-client slurmctld slurmd munge)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

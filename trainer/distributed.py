@@ -5,9 +5,14 @@ Ranks come from, in this order:
 1. ``DDP_CONFIG.DISTRIBUTED: False``: one process, no process group, no collective calls.
 2. torchrun / ``torch.distributed.launch`` (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the
    environment): the environment decides, ``init_method='env://'``.
-3. a legacy ``--local_rank N`` / ``--local-rank N`` argument without that environment: this process is local worker N of
+3. a task of a plain ``srun`` (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_STEP_ID in the environment; the
+   batch script itself has no SLURM_STEP_ID): each task is one worker, rank SLURM_PROCID of SLURM_NTASKS, local index
+   SLURM_LOCALID, node SLURM_NODEID. The rendezvous is MASTER_ADDR:MASTER_PORT when the environment sets them, else
+   the step's first node (``scontrol show hostnames``, then that node's NodeAddr from ``scontrol show node``) at
+   port 15000 + SLURM_JOB_ID mod 10000; a node list scontrol cannot read is an error naming it, never a guess.
+4. a legacy ``--local_rank N`` / ``--local-rank N`` argument without that environment: this process is local worker N of
    node WORLD_RANK, rendezvous at DIST_URL.
-4. otherwise (the GluonCV way, ``python -m trainer.train --config-file node.yaml`` on every node): this node's rank is
+5. otherwise (the GluonCV way, ``python -m trainer.train --config-file node.yaml`` on every node): this node's rank is
    WORLD_RANK, or found by AUTO_RANK_MATCH among WOLRD_URLS, and one worker per GPU (DDP_CONFIG.CPU_WORKERS on a node
    without GPUs) is spawned with global rank WORLD_RANK * workers_per_node + local index.
 
@@ -29,6 +34,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,12 +56,15 @@ from trainer.config import Config, DDPConfig, check_runtime
 from trainer.errors import STOP_SIGNALS, USER_ERROR_EXIT, Preempted, UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
 from trainer.runtime.contract import run_name, thread_budget
+from trainer.runtime.layout import url_host
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 WorkerFn = Callable[["DistContext", Config], None]
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_SRUN_ENV = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_ID")
+_SLURM_PORT_BASE = 15000  # + SLURM_JOB_ID mod 10000: the tasks of one job agree, two jobs on a node rarely clash
 # After a spawned worker fails, its peers get this long to end by themselves (their next collective fails), then
 # SIGTERM (which a trainer takes as a stop request: it does not end it at once), then as long again, then SIGKILL.
 _PEER_GRACE_S = 5.0
@@ -106,7 +115,11 @@ class _Plan:
     init_method: str
     timeout_s: int
     use_cuda: bool
-    from_env: bool
+    source: str  # who decided the ranks: "config", "torchrun" or "srun"
+
+    @property
+    def from_env(self) -> bool:
+        return self.source != "config"
 
     def context(self, local_rank: int, rank: int | None = None, world_size: int | None = None) -> DistContext:
         return DistContext(
@@ -260,7 +273,7 @@ def _node_plan(cfg: Config) -> _Plan:
         init_method=ddp.DIST_URL,
         timeout_s=ddp.TIMEOUT_SECONDS,
         use_cuda=use_cuda,
-        from_env=False,
+        source="config",
     )
 
 
@@ -278,9 +291,79 @@ def _env_plan(cfg: Config) -> tuple[_Plan, int, int, int]:
         init_method="env://",
         timeout_s=cfg.DDP_CONFIG.TIMEOUT_SECONDS,
         use_cuda=_use_cuda(),
-        from_env=True,
+        source="torchrun",
     )
     return plan, int(env["RANK"]), world, int(env["LOCAL_RANK"])
+
+
+def _scontrol(*args: str) -> str:
+    """scontrol's output, or a DistributedError with its words (the rank-0 address must never be guessed)."""
+    try:
+        out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=False)
+    except FileNotFoundError:
+        raise DistributedError(
+            "this process is a task of srun (SLURM_PROCID is set) but scontrol is not on PATH, so the rank-0 node's "
+            "address cannot be found; put Slurm's commands on PATH, or export MASTER_ADDR and MASTER_PORT"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise DistributedError(f"scontrol {' '.join(args)} did not answer within 30 s") from None
+    if out.returncode != 0:
+        words = "; ".join(line.strip() for line in out.stderr.splitlines() if line.strip()) or f"exit {out.returncode}"
+        raise DistributedError(f"scontrol {' '.join(args)} failed ({words}): cannot find the rank-0 node's address; "
+                               "export MASTER_ADDR and MASTER_PORT, or run where Slurm's configuration is readable")
+    return out.stdout
+
+
+def slurm_root_address(nodelist: str) -> str:
+    """The address of the first node of a Slurm node list: ``scontrol show hostnames``, then its NodeAddr."""
+    hosts = _scontrol("show", "hostnames", nodelist).split()
+    if not hosts:
+        raise DistributedError(f"scontrol show hostnames {nodelist!r} lists no host")
+    found = re.search(r"\bNodeAddr=(\S+)", _scontrol("-o", "show", "node", hosts[0]))
+    if found is None:
+        raise DistributedError(f"scontrol show node {hosts[0]} gives no NodeAddr")
+    return found[1]
+
+
+def _tasks_per_node(spec: str) -> int:
+    """The one task count of every node in SLURM_STEP_TASKS_PER_NODE ('2(x3)'); uneven counts are refused."""
+    counts = {int(part.split("(")[0]) for part in spec.split(",") if part}
+    if len(counts) != 1:
+        raise DistributedError(f"srun started {spec} tasks per node (SLURM_STEP_TASKS_PER_NODE); the trainer needs "
+                               "the same number on every node: use --ntasks-per-node")
+    return counts.pop()
+
+
+def _srun_plan(cfg: Config) -> tuple[_Plan, int, int, int]:
+    """Plan of a task of a plain srun: (plan, rank, world size, local rank), as the module docstring says."""
+    env = os.environ
+    world = int(env["SLURM_NTASKS"])
+    per_node = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or str(world))
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    addr = env.get("MASTER_ADDR") or slurm_root_address(nodelist)
+    port = int(env.get("MASTER_PORT") or _SLURM_PORT_BASE + int(env.get("SLURM_JOB_ID", "0")) % 10000)
+    url = f"tcp://{url_host(addr)}:{port}"
+    plan = _Plan(
+        node_rank=int(env.get("SLURM_NODEID", int(env["SLURM_PROCID"]) // per_node)),
+        num_nodes=max(1, world // per_node),
+        per_node=per_node,
+        backend=cfg.DDP_CONFIG.DIST_BACKEND,
+        dist_url=url,
+        init_method=url,
+        timeout_s=cfg.DDP_CONFIG.TIMEOUT_SECONDS,
+        use_cuda=_use_cuda(),
+        source="srun",
+    )
+    return plan, int(env["SLURM_PROCID"]), world, int(env["SLURM_LOCALID"])
+
+
+def _launcher_plan(cfg: Config) -> tuple[_Plan, int, int, int] | None:
+    """(plan, rank, world size, local rank) when a launcher's environment decides the ranks: torchrun's, else srun's."""
+    if all(name in os.environ for name in _TORCHRUN_ENV):
+        return _env_plan(cfg)
+    if all(name in os.environ for name in _SRUN_ENV):
+        return _srun_plan(cfg)
+    return None
 
 
 def _runtime_cfg(cfg: Config, ctx: DistContext, from_env: bool) -> Config:
@@ -316,7 +399,7 @@ def _choose_interface(plan: _Plan) -> None:
         plan.per_node,
         "GPU" if plan.use_cuda else "CPU",
         plan.dist_url,
-        "from torchrun" if plan.from_env else "DIST_URL",
+        f"from {plan.source}" if plan.from_env else "DIST_URL",
         ifname or f"not found (peers reach this host as {socket.gethostname()} resolves)",
         ", ".join(f"{a} ({n})" for n, a in interface_addresses()),
     )
@@ -328,7 +411,7 @@ def _attempt_store(plan: _Plan) -> dist.Store | None:
     wait on it. Each attempt gets a namespace of its own (torchrun's restart count). None: the rendezvous is fresh
     for every attempt (a store rank 0 hosts), init_method as planned."""
     env = os.environ
-    if not plan.from_env or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if plan.source != "torchrun" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=plan.timeout_s))
@@ -533,8 +616,9 @@ def launch(worker_fn: WorkerFn, cfg: Config, local_rank: int | None = None) -> N
             torch.cuda.set_device(ctx.device)
         worker_fn(ctx, cfg)
         return
-    if all(name in os.environ for name in _TORCHRUN_ENV):
-        plan, rank, world, env_local = _env_plan(cfg)
+    from_launcher = _launcher_plan(cfg)
+    if from_launcher is not None:
+        plan, rank, world, env_local = from_launcher
         if local_rank is not None and local_rank != env_local:
             raise DistributedError(
                 f"--local-rank {local_rank} disagrees with LOCAL_RANK={env_local} in the environment"

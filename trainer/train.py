@@ -11,6 +11,10 @@ Under torchrun (one process per GPU, ranks from the environment):
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
         -m trainer.train --config-file configs/slowfast.yaml
 
+Under a plain srun, in your own sbatch script (one task per GPU; ranks from SLURM_PROCID, SLURM_NTASKS and
+SLURM_LOCALID, the rendezvous on the step's first node: trainer.distributed):
+    srun --nodes 2 --ntasks-per-node 8 python -m trainer.train --config-file configs/slowfast.yaml
+
 Overrides come last as KEY VALUE pairs: ``CONFIG.TRAIN.BATCH_SIZE 16 CONFIG.TRAIN.EPOCH_NUM 2``.
 
 Checkpoints come after every LOG.SAVE_FREQ epochs and, mid-epoch, every CONFIG.TRAIN.CHECKPOINT_MINUTES of training,

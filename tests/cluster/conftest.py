@@ -138,11 +138,17 @@ class LocalCluster:
     def names(self) -> list[str]:
         return [node.name for node in self.nodes]
 
+    @property
+    def slurm_conf(self) -> Path:
+        """The configuration of a Slurm cluster (made with slurm=true); every node sees it at /etc/slurm."""
+        return self.state_dir / "slurm" / "etc" / "slurm.conf"
+
     def create(self, nodes: int, *extra: str) -> subprocess.CompletedProcess[str]:
-        """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml."""
+        """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml. A Slurm
+        cluster's nodes are its compute nodes (from its slurm.conf), then its login host."""
         proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}", *extra)
         self.settings = extra
-        hosts = _inventory_hosts(self.inventory)
+        hosts = {**slurm_compute_nodes(self.slurm_conf), **_inventory_hosts(self.inventory)}
         self.nodes = [Node(index=i, name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
                            dir=self.state_dir / "nodes" / str(i), cluster_ip=h["cluster_ip"])
                       for i, (name, h) in enumerate(hosts.items())]
@@ -153,8 +159,10 @@ class LocalCluster:
         return self.create(len(self.nodes), *self.settings)
 
     def destroy(self) -> None:
-        """state=absent, then delete by name whatever is still there (processes, namespaces, links, state)."""
-        run_playbook(CLUSTER_PLAYBOOK, "-e", f"cluster_name={self.name}", "-e", "state=absent", check=False)
+        """state=absent (unless a test tore the cluster down already), then delete by name whatever is still there
+        (processes, namespaces, links, state)."""
+        if self.state_dir.exists():
+            run_playbook(CLUSTER_PLAYBOOK, "-e", f"cluster_name={self.name}", "-e", "state=absent", check=False)
         force_delete(self.name)
 
 
@@ -163,8 +171,16 @@ def _inventory_hosts(inventory: Path) -> dict[str, dict]:
                          capture_output=True, text=True, check=True, cwd=REPO)
     data = json.loads(out.stdout)
     hostvars = data["_meta"]["hostvars"]
-    names = [*data["trainers"]["hosts"], *data.get("spares", {}).get("hosts", [])]  # node0.. in order
-    return {name: hostvars[name] for name in names}
+    names = [name for group in ("trainers", "spares", "slurm_submit")
+             for name in data.get(group, {}).get("hosts", [])]  # node0.. in order; a Slurm cluster's login host
+    return {name: {"cluster_ip": hostvars[name]["ansible_host"], **hostvars[name]} for name in names}
+
+
+def slurm_compute_nodes(conf: Path) -> dict[str, dict[str, str]]:
+    """A Slurm cluster's compute nodes in order, with their addresses, as its slurm.conf names them (none without)."""
+    lines = conf.read_text().splitlines() if conf.exists() else []
+    found = [re.match(r"NodeName=(\S+) NodeAddr=(\S+)", line) for line in lines]
+    return {m[1]: {"ansible_host": m[2], "cluster_ip": m[2]} for m in found if m}
 
 
 def netns_names(cluster_name: str) -> list[str]:
@@ -188,6 +204,13 @@ def force_delete(cluster_name: str) -> None:
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
     for link in link_names(cluster_name):
         subprocess.run(["ip", "link", "delete", link], capture_output=True)
+    # A Slurm cluster's slurmctld and munged run outside the namespaces: found by this cluster's paths in their argv.
+    marks = (f"{STATE_ROOT / cluster_name}/slurm/".encode(), f"/run/vidcluster/slurm-{cluster_name}/".encode())
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and any(mark in (entry / "cmdline").read_bytes() for mark in marks):
+                os.kill(int(entry.name), signal.SIGKILL)
+    shutil.rmtree(f"/run/vidcluster/slurm-{cluster_name}", ignore_errors=True)
     shutil.rmtree(STATE_ROOT / cluster_name, ignore_errors=True)
 
 
@@ -226,6 +249,37 @@ def job_processes(job_id: str) -> list[int]:
             if any(var.startswith(b"VIDCLUSTER_JOB_DIR=") and marker in var for var in env):
                 found.append(int(entry.name))
     return found
+
+
+# A whole job in seconds on a local cluster: a poll every 2 s, one thread per trainer, a 10 s heartbeat timeout and
+# stop grace, the hub looked for again after 15 s of silence, a quarter of an hour of following at most.
+FAST_JOB_ARGS = (
+    "-e", "ddp_launch_poll_seconds=2",
+    "-e", "ddp_config_omp_num_threads=1",
+    "-e", "ddp_config_heartbeat_timeout=10",
+    "-e", "ddp_config_stop_grace=10",
+    "-e", "ddp_launch_recheck_seconds=15",
+    "-e", "ddp_launch_follow_hours=0.25",
+)  # fmt: skip
+
+
+def trainer_pid(job_id: str, node: str) -> int:
+    """A training process of the job on the node (every one of them carries its node's job folder and attempt)."""
+    for pid in job_processes(job_id):
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        if f"/{job_id}/{node}\0".encode() in environ and b"VIDCLUSTER_TRAINER=" in environ:
+            return pid
+    raise AssertionError(f"no trainer of {job_id} on {node}")
+
+
+def finish(play: subprocess.Popen[str], timeout: float = 420) -> str:
+    """A play's output once it ended (killed after ``timeout`` seconds)."""
+    try:
+        out, _ = play.communicate(timeout=timeout)
+    finally:
+        if play.poll() is None:
+            play.kill()
+    return out
 
 
 def stage_dataset(cluster: LocalCluster, folder: Path, train: int = 8,

@@ -21,6 +21,7 @@ Run: .venv/bin/python -m pytest tests/cluster/test_environment.py  (root).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -168,6 +169,27 @@ def test_decoder_check_names_what_a_node_lacks() -> None:
     ]
     assert filters.decoder_problems({"python": "no environment at /x"}, ["torchcodec"]) == ["torchcodec is missing"]
     assert filters.decoder_problems({**fine, "torchcodec": "broken: OSError: x"}, []) == []
+
+
+def test_a_slurm_jobs_reports_name_their_nodes_and_what_keeps_each_from_training() -> None:
+    # What tasks/slurm.yml reads: one file per task of the Slurm job, each report naming its node.
+    good = {"torch": "2.14.1+cu130", "cuda": "13.0", "decord": "0.6.0", "torch_gpus": ["NVIDIA H200"] * 8,
+            "driver": "580.65.06"}
+    written = {"0": {"out": json.dumps({**good, "node": "gpu7"}), "err": ""},
+               "1": {"out": json.dumps({**good, "node": "gpu9", "torch_gpus": [], "driver": "570.172.08"}), "err": ""},
+               "2": {"out": "", "err": "slurmstepd: error: execve(): /home/u/venv/bin/python: No such file\n"}}
+    seen = filters.slurm_reports(written)
+    assert sorted(seen["reports"]) == ["gpu7", "gpu9"] and seen["reports"]["gpu7"]["gpus"] == good["torch_gpus"]
+    assert seen["failed"] == {"task 2": "slurmstepd: error: execve(): /home/u/venv/bin/python: No such file"}
+    problems = filters.slurm_problems(seen["reports"], 8, ["decord", "torchcodec"], {"13.0": "580.65.06"})
+    assert problems == [
+        "gpu7: torchcodec is missing",
+        "gpu9: torch sees 0 GPU(s), the job was given 8 (vidcluster_slurm_gpus_per_node; a torch build without CUDA, "
+        "or a driver that does not load?)",
+        "gpu9: NVIDIA driver 570.172.08 is too old for CUDA 13.0 builds, which need driver 580.65.06 or newer (every "
+        "CUDA 13.x build runs on it)",
+        "gpu9: torchcodec is missing",
+    ]
 
 
 def test_requirement_check_compares_installed_versions() -> None:

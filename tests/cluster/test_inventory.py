@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, run_playbook
+from tests.cluster.conftest import REPO, flat, run_playbook
 
 VALIDATE = REPO / "playbooks" / "validate-inventory.yml"
 _spec = importlib.util.spec_from_file_location(
@@ -143,3 +143,78 @@ def test_spares_follow_the_same_rules_and_come_after_the_trainers(tmp_path: Path
     proc = run_playbook(VALIDATE, inventory=path, check=False)
     assert proc.returncode != 0
     assert "b is in both groups trainers and spares; a node is one or the other" in proc.stdout, proc.stdout[-3000:]
+
+
+scheduler_contract = contract_module.scheduler_contract
+SLURM_OK = {"vidcluster_slurm_nodes": 2, "vidcluster_slurm_gpus_per_node": 0}
+
+
+def login_row(name: str = "login", **slurm: Any) -> dict[str, Any]:
+    return {"name": name, "group": "slurm_submit", "scheduler": "slurm", "user": "trainer",
+            "slurm": {**SLURM_OK, **slurm}}
+
+
+def test_a_slurm_site_is_its_login_host_and_its_settings(tmp_path: Path) -> None:
+    checked = scheduler_contract([login_row(vidcluster_slurm_time="1-2:30", vidcluster_slurm_spares="1",
+                                            vidcluster_slurm_sbatch_extra=[" --qos=high "])])
+    assert checked["errors"] == []
+    assert (checked["scheduler"], checked["submit"], checked["user"]) == ("slurm", ["login"], "trainer")
+    assert checked["slurm"] == {"nodes": 2, "gpus_per_node": 0, "spares": 1, "signal_seconds": 300, "partition": "",
+                                "account": "", "time": "1-2:30", "sbatch_extra": ["--qos=high"],
+                                "site_options": ["--qos=high"]}
+    gpu = scheduler_contract([login_row(vidcluster_slurm_gpus_per_node=8, vidcluster_slurm_partition="gpu")])
+    assert gpu["slurm"]["site_options"] == ["--partition=gpu", "--gres=gpu:8"]
+    # The sample passes the whole check where a playbook works on Slurm sites (its host is never connected to).
+    sample = REPO / "inventory" / "sample-slurm" / "hosts.yml"
+    run_playbook(VALIDATE, "--skip-tags", "login", "-e", '{"cluster_inventory_schedulers": ["ssh", "slurm"]}',
+                 inventory=sample)
+    # Without it (the default), the playbook refuses a Slurm site by name before touching anything.
+    proc = run_playbook(VALIDATE, inventory=sample, check=False)
+    assert proc.returncode != 0 and "UNREACHABLE" not in proc.stdout
+    assert "this playbook works with vidcluster_scheduler ssh only: on a Slurm site the compute nodes are reached " \
+           "through Slurm jobs" in flat(proc.stdout), proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([login_row(vidcluster_slurm_partiton="gpu")],
+         "login: vidcluster_slurm_partiton is not a Slurm setting (known: vidcluster_slurm_nodes,"),
+        ([{**login_row(), "slurm": {"vidcluster_slurm_gpus_per_node": 0}}],
+         "vidcluster_slurm_nodes is not set; a Slurm site needs it"),
+        ([login_row(vidcluster_slurm_nodes=0)], "vidcluster_slurm_nodes 0 is not a whole number >= 1"),
+        ([login_row(vidcluster_slurm_time="90 min")], "vidcluster_slurm_time '90 min' is not a Slurm time limit"),
+        ([login_row(vidcluster_slurm_time="5", vidcluster_slurm_signal_seconds=300)],
+         "vidcluster_slurm_signal_seconds 300 is not less than the time limit (5 = 300 s)"),
+        ([login_row(vidcluster_slurm_sbatch_extra=["--time=10"])],
+         "vidcluster_slurm_sbatch_extra item '--time=10': --time is set by vidcluster_slurm_time"),
+        ([login_row(vidcluster_slurm_sbatch_extra=["--qos=a\n#SBATCH --x"])],
+         "is not one sbatch option (--name[=value])"),
+        ([login_row(vidcluster_slurm_partition="gpu a")], "vidcluster_slurm_partition 'gpu a' is not a Slurm name"),
+        ([{**login_row(), "user": "root"}], "ansible_user is root; submit jobs as the cluster's ordinary user"),
+        ([login_row(), {"name": "a", "group": "trainers", "scheduler": "slurm", "slurm": {}}],
+         "but a are in trainers or spares; list only the login host(s), in slurm_submit"),
+        ([{**login_row(), "slurm": {}, "scheduler": None}],
+         "the group slurm_submit lists login but vidcluster_scheduler is not slurm"),
+        ([{"name": "a", "group": "trainers", "scheduler": None, "slurm": {"vidcluster_slurm_nodes": 2}}],
+         "a: vidcluster_slurm_nodes is set but vidcluster_scheduler is not slurm"),
+        ([{"name": "a", "group": "trainers", "scheduler": "pbs", "slurm": {}}],
+         "a: vidcluster_scheduler 'pbs' is not one of ssh, slurm"),
+        ([login_row(), {"name": "a", "group": "trainers", "scheduler": None, "slurm": {}}],
+         "vidcluster_scheduler differs between hosts (login=slurm, a=ssh)"),
+    ],
+    ids=["unknown-setting", "nodes-missing", "nodes-zero", "time-format", "signal-after-start", "owned-option",
+         "option-with-newline", "partition-space", "root", "trainers-under-slurm", "submit-without-slurm",
+         "setting-without-slurm", "unknown-scheduler", "scheduler-differs"],
+)
+def test_each_broken_slurm_rule_is_named(rows: list[dict[str, Any]], message: str) -> None:
+    errors = scheduler_contract(rows)["errors"]
+    assert any(message in error for error in errors), errors
+
+
+def test_a_slurm_setting_on_an_ssh_cluster_is_refused_by_name(tmp_path: Path) -> None:
+    path = inventory(tmp_path, {"a": "{ansible_host: 127.0.0.2}"}, "vidcluster_slurm_partition: gpu")
+    proc = run_playbook(VALIDATE, inventory=path, check=False)
+    assert proc.returncode != 0
+    assert "a: vidcluster_slurm_partition is set but vidcluster_scheduler is not slurm" in proc.stdout, (
+        proc.stdout[-3000:])

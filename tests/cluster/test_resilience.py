@@ -23,21 +23,23 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.conftest import (
+    FAST_JOB_ARGS,
     REPO,
     VENV_BIN,
     LocalCluster,
     Node,
+    finish,
     flat,
     job_processes,
     node_job_dir,
     playbook_env,
     stage_dataset,
+    trainer_pid,
 )
 from trainer.runtime.record import JobRecord
 
@@ -47,13 +49,8 @@ CONFIG = "i3d_cpu_test"
 EPOCHS = 30
 LAUNCH_ARGS = (
     "-e", f"config={CONFIG}",
-    "-e", "ddp_launch_poll_seconds=2",
-    "-e", "ddp_config_omp_num_threads=1",
-    "-e", "ddp_config_heartbeat_timeout=10",
-    "-e", "ddp_config_stop_grace=10",
+    *FAST_JOB_ARGS,
     "-e", "ddp_config_node_wait=30",
-    "-e", "ddp_launch_recheck_seconds=15",
-    "-e", "ddp_launch_follow_hours=0.25",
     "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS}}}}),
 )  # fmt: skip
 
@@ -94,23 +91,6 @@ def wait_for_epoch(node: Node, job: str, epoch: int, play: subprocess.Popen[str]
         if time.monotonic() > deadline:
             pytest.fail(f"{job} did not reach epoch {epoch}")
         time.sleep(0.3)
-
-
-def trainer_pid(job: str, node: Node) -> int:
-    for pid in job_processes(job):
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-        if f"/{job}/{node.name}\0".encode() in environ and b"VIDCLUSTER_TRAINER=" in environ:
-            return pid
-    raise AssertionError(f"no trainer of {job} on {node.name}")
-
-
-def finish(play: subprocess.Popen[str], timeout: float = 420) -> str:
-    try:
-        out, _ = play.communicate(timeout=timeout)
-    finally:
-        if play.poll() is None:
-            play.kill()
-    return out
 
 
 def record(node: Node, job: str) -> JobRecord:
@@ -156,7 +136,7 @@ def test_a_killed_trainer_restarts_by_itself_and_ends_with_the_same_weights(clus
     job = f"{cluster.name}-kill"
     play = launch(cluster, job)
     wait_for_epoch(node0, job, 8, play)
-    os.kill(trainer_pid(job, node1), signal.SIGKILL)
+    os.kill(trainer_pid(job, node1.name), signal.SIGKILL)
     out = finish(play)
     assert play.returncode == 0, out[-4000:]
     rec = record(node0, job)
@@ -179,7 +159,7 @@ def test_a_frozen_trainer_is_caught_within_the_heartbeat_timeout_and_restarted(c
     job = f"{cluster.name}-frozen"
     play = launch(cluster, job)
     wait_for_epoch(node0, job, 5, play)
-    os.kill(trainer_pid(job, node0), signal.SIGSTOP)  # frozen, not dead: only its silence can tell
+    os.kill(trainer_pid(job, node0.name), signal.SIGSTOP)  # frozen, not dead: only its silence can tell
     out = finish(play)
     assert play.returncode == 0, out[-4000:]
     cause = record(node0, job).attempts[1].cause
@@ -193,7 +173,7 @@ def test_with_restarts_off_a_kill_ends_the_job_saying_why(cluster: LocalCluster)
     job = f"{cluster.name}-norestart"
     play = launch(cluster, job, "-e", "max_restarts=0")
     wait_for_epoch(node0, job, 3, play)
-    os.kill(trainer_pid(job, node1), signal.SIGKILL)
+    os.kill(trainer_pid(job, node1.name), signal.SIGKILL)
     out = finish(play)
     assert play.returncode != 0
     assert "node1 failed first: its trainer was killed by signal 9 (SIGKILL); restarts are off (max_restarts 0)" in (

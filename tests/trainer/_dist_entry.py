@@ -71,6 +71,7 @@ def record(ctx: DistContext, cfg: Config) -> None:
         "gpu_world_size": cfg.DDP_CONFIG.GPU_WORLD_SIZE,
         "gpu": cfg.DDP_CONFIG.GPU,
         "world_rank": cfg.DDP_CONFIG.WORLD_RANK,
+        "dist_url": ctx.dist_url,
         "precise_bn": precise_bn(ctx, cfg),
         "pid": os.getpid(),
         "env": {name: os.environ.get(name) for name in TORCHRUN_ENV},

@@ -24,6 +24,7 @@ from tests.trainer._dist_entry import precise_bn_batches
 from trainer.config import Config, validate_config
 from trainer.distributed import (
     DistContext,
+    DistributedError,
     PeerError,
     add_launcher_args,
     all_gather_object,
@@ -202,6 +203,48 @@ def test_a_group_that_cannot_form_ends_the_process_within_the_timeout(tmp_path: 
     assert time.monotonic() - started < 2 + 5 + 10
     assert "rank 1 of 2: the process group did not form within 2s at tcp://127.0.0.1:9" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def srun_env(rank: int, world: int = 2, **extra: str) -> dict[str, str]:
+    """What srun sets for task ``rank`` of a step of one task per node on ``world`` nodes named node0, node1..."""
+    return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world), "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank),
+            "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_NODES": str(world),
+            "SLURM_STEP_TASKS_PER_NODE": f"1(x{world})", "SLURM_STEP_NODELIST": f"node[0-{world - 1}]", **extra}
+
+
+def test_srun_environment_decides(tmp_path: Path) -> None:
+    # The file says one node with two workers: srun's tasks decide (one worker each, rank SLURM_PROCID). A real srun
+    # on the local Slurm cluster runs the same entry in tests/cluster/test_slurm.py.
+    cfg = str(write_cfg(tmp_path, ddp_cfg(tmp_path, CPU_WORKERS=2)))
+    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for rc, err in finish([start([str(ENTRY), "--config-file", cfg], **srun_env(rank, **rendezvous))
+                           for rank in (0, 1)]):
+        assert rc == 0, err
+    recs = records(tmp_path, 2)
+    assert_world(recs, world=2, per_node=1)
+    assert [rec["node_rank"] for rec in recs] == [0, 1]
+
+
+def test_srun_rank0_address_comes_from_scontrol_or_the_launch_fails_saying_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No MASTER_ADDR: the rank-0 node's address must come from the step's node list; where scontrol cannot use the
+    # Slurm configuration, or is not there at all, the task stops with one line instead of guessing an address.
+    for name, value in srun_env(1).items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "slurm.conf").write_text("")  # a configuration that names no cluster: scontrol refuses at once
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    cfg = validate_config(ddp_cfg(tmp_path))
+    with pytest.raises(DistributedError, match=r"scontrol show hostnames node\[0-1\] failed \(.+\): cannot find "
+                       "the rank-0 node's address") as raised:
+        launch(_unused, cfg)
+    assert raised.value.exit_status == 2
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol here
+    with pytest.raises(DistributedError, match="scontrol is not on PATH"):
+        launch(_unused, cfg)
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2,1")
+    with pytest.raises(DistributedError, match=r"srun started 2,1 tasks per node.+use --ntasks-per-node"):
+        launch(_unused, cfg)
+    assert not dist.is_initialized()
 
 
 def test_legacy_torch_distributed_launch(tmp_path: Path) -> None:

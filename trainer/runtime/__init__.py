@@ -23,4 +23,5 @@
 | nodestate | the node's state file, stop requests, the node's state for training-status.yml |
 | report | the job in words, for the controller |
 | log | the supervisor's lines, and saying a thing once |
+| slurm | a job inside a Slurm allocation (batch step, facts, members), and the login host's verbs |
 """

@@ -12,6 +12,7 @@
     keep-secret JOB_DIR            the launch's key for the job's watch, read from stdin, into the job folder's secret
                                    file: created readable by its owner alone (0600), never in another mode for a moment
     supervise JOB_DIR [--hub ADDR] (what start runs)
+    slurm-VERB LOGIN_JOB_DIR ...   a job on a Slurm site: trainer.runtime.slurm
 
 Every verb but supervise prints one JSON object. The launcher reaches them through trainer.runtime.layout's entry
 point, which finds JOB_DIR and the job's code version on the node.
@@ -125,6 +126,11 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0].startswith("slurm-"):  # a job inside a Slurm allocation, and the login host's verbs
+        from trainer.runtime import slurm
+
+        return slurm.main(argv)
     args = get_args_parser().parse_args(argv)
     job_dir = os.path.realpath(os.path.expanduser(args.job_dir))
     if args.verb == "supervise":

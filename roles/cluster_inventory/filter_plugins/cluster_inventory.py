@@ -22,6 +22,23 @@ them, and whether the node is a spare) and returns the normalised cluster every 
 - spares (the group ``spares``) follow the same rules but have no ``node_rank``: they train only when one replaces
   a lost node. A node is a trainer or a spare, not both.
 
+``scheduler_contract`` decides how jobs reach the nodes, from every host of the groups ``trainers``, ``spares`` and
+``slurm_submit``: ``vidcluster_scheduler`` is ``ssh`` (the default: the playbooks reach each node over SSH) or
+``slurm`` (a Slurm site: the playbooks reach only the login host(s) of ``slurm_submit``, and jobs get their compute
+nodes from Slurm), the same on every host. Under ``slurm``:
+
+- ``slurm_submit`` has at least one host; ``trainers`` and ``spares`` have none (the allocation picks the nodes);
+- ``vidcluster_slurm_nodes`` (nodes that train, >= 1) and ``vidcluster_slurm_gpus_per_node`` (>= 0; 0 = CPU nodes,
+  gloo) are given; ``vidcluster_slurm_spares`` (nodes allocated beyond them, idle until one replaces a lost node),
+  ``vidcluster_slurm_partition``, ``vidcluster_slurm_account``, ``vidcluster_slurm_time`` (a Slurm time limit:
+  minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S; empty = the partition's), ``vidcluster_slurm_signal_seconds`` (how long
+  before the time limit every rank checkpoints, less than the limit) and ``vidcluster_slurm_sbatch_extra`` (more
+  ``#SBATCH`` options, one per item, none of those the launch sets itself) may be;
+- every ``vidcluster_slurm_*`` variable is one of these, and the same on every login host.
+
+Under ``ssh`` no host is in ``slurm_submit`` and no ``vidcluster_slurm_*`` variable is set: a setting is honoured or
+refused by name, never ignored.
+
 ``job_id`` checks the job id a playbook acts on: ``-e job_id``, else the name of ``-e config`` without .yaml.
 
 Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
@@ -184,6 +201,146 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
             "user": user, "errors": errors}
 
 
+SCHEDULERS = ("ssh", "slurm")
+SLURM_DEFAULTS: dict[str, Any] = {
+    "vidcluster_slurm_nodes": None, "vidcluster_slurm_gpus_per_node": None, "vidcluster_slurm_spares": 0,
+    "vidcluster_slurm_partition": "", "vidcluster_slurm_account": "", "vidcluster_slurm_time": "",
+    "vidcluster_slurm_signal_seconds": 300, "vidcluster_slurm_sbatch_extra": [],
+}
+# sbatch options the launch sets itself, and the setting (or reason) that owns each.
+SBATCH_OWNED = {
+    **dict.fromkeys(("--nodes", "-N"), "vidcluster_slurm_nodes and vidcluster_slurm_spares"),
+    **dict.fromkeys(("--partition", "-p"), "vidcluster_slurm_partition"),
+    **dict.fromkeys(("--account", "-A"), "vidcluster_slurm_account"),
+    **dict.fromkeys(("--time", "-t"), "vidcluster_slurm_time"),
+    **dict.fromkeys(("--gres", "--gpus-per-node", "--gpus", "-G"), "vidcluster_slurm_gpus_per_node"),
+    "--signal": "vidcluster_slurm_signal_seconds",
+    **dict.fromkeys(("--ntasks", "-n", "--ntasks-per-node", "--requeue", "--no-requeue", "--no-kill", "-k",
+                     "--output", "-o", "--error", "-e", "--open-mode", "--job-name", "-J", "--chdir", "-D",
+                     "--array", "-a", "--wait", "-W", "--parsable", "--export"), "the launch itself"),
+}
+_TOKEN = re.compile(r"[A-Za-z0-9_.:,+%@-]+")
+_SLURM_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
+
+
+def slurm_time_seconds(text: str) -> int | None:
+    """Seconds of a Slurm time limit (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S), None when it is not one."""
+    match = _SLURM_TIME.fullmatch(text)
+    if match is None:
+        return None
+    days, hours, minutes, seconds, alone, after, last = (int(g) if g else 0 for g in match.groups())
+    if match[1] is not None:
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if match[7] is not None:  # H:M:S
+        return (alone * 60 + after) * 60 + last
+    return alone * 60 + after  # minutes, or minutes:seconds
+
+
+def _slurm_settings(given: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:
+    """The checked Slurm settings (``SLURM_DEFAULTS`` keys without their prefix); each problem an error naming it."""
+    settings = {**SLURM_DEFAULTS, **given}
+    checked: dict[str, Any] = {}
+    for key, minimum in (("vidcluster_slurm_nodes", 1), ("vidcluster_slurm_gpus_per_node", 0),
+                         ("vidcluster_slurm_spares", 0), ("vidcluster_slurm_signal_seconds", 1)):
+        value = _as_int(settings[key])
+        if settings[key] is None:
+            errors.append(f"{key} is not set; a Slurm site needs it (inventory/README.md)")
+        elif value is None or value < minimum:
+            errors.append(f"{key} {settings[key]!r} is not a whole number >= {minimum}")
+        checked[key] = value
+    for key in ("vidcluster_slurm_partition", "vidcluster_slurm_account"):
+        value = str(settings[key] or "")
+        if value and not _TOKEN.fullmatch(value):
+            errors.append(f"{key} {value!r} is not a Slurm name (letters, digits and _.:,+%@-)")
+        checked[key] = value
+    time_limit = str(settings["vidcluster_slurm_time"] or "")
+    limit_s = slurm_time_seconds(time_limit) if time_limit else None
+    if time_limit and limit_s is None:
+        errors.append(f"vidcluster_slurm_time {time_limit!r} is not a Slurm time limit (minutes, M:S, H:M:S, D-H, "
+                      "D-H:M or D-H:M:S)")
+    signal_s = checked["vidcluster_slurm_signal_seconds"]
+    if limit_s is not None and signal_s is not None and signal_s >= limit_s:
+        errors.append(f"vidcluster_slurm_signal_seconds {signal_s} is not less than the time limit "
+                      f"({time_limit} = {limit_s} s): the checkpoint signal would come before the job starts")
+    checked["vidcluster_slurm_time"] = time_limit
+    extra = settings["vidcluster_slurm_sbatch_extra"]
+    if not isinstance(extra, list) or not all(isinstance(item, str) for item in extra):
+        errors.append(f"vidcluster_slurm_sbatch_extra {extra!r} is not a list of sbatch options")
+        extra = []
+    for item in extra:
+        name = re.split(r"[=\s]", item.strip(), maxsplit=1)[0]
+        if not name.startswith("-") or "\n" in item or "\r" in item:
+            errors.append(f"vidcluster_slurm_sbatch_extra item {item!r} is not one sbatch option (--name[=value])")
+        elif name in SBATCH_OWNED:
+            errors.append(f"vidcluster_slurm_sbatch_extra item {item!r}: {name} is set by {SBATCH_OWNED[name]}")
+    checked["vidcluster_slurm_sbatch_extra"] = [item.strip() for item in extra]
+    settings = {key.removeprefix("vidcluster_slurm_"): value for key, value in checked.items()}
+    return {**settings, "site_options": site_options(settings)}
+
+
+def site_options(settings: Mapping[str, Any]) -> list[str]:
+    """The sbatch/srun options every job of the site gets (where, on what, and the site's own extras): partition,
+    account, one GPU resource per node's GPUs, then the extra options."""
+    options = [f"--partition={settings['partition']}"] if settings["partition"] else []
+    options += [f"--account={settings['account']}"] if settings["account"] else []
+    options += [f"--gres=gpu:{settings['gpus_per_node']}"] if settings["gpus_per_node"] else []
+    return options + list(settings["sbatch_extra"])
+
+
+def scheduler_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "") -> dict[str, Any]:
+    """How jobs reach the nodes (see the module docstring): ``{scheduler, submit, user, slurm, errors}``.
+
+    Each row: ``{name, group ('trainers', 'spares' or 'slurm_submit'), scheduler (vidcluster_scheduler or None),
+    user (ansible_user or None), slurm: {every vidcluster_slurm_* variable the host has: value}}``. ``slurm`` holds
+    the checked settings without their prefix (nodes, gpus_per_node, spares, partition, account, time,
+    signal_seconds, sbatch_extra) and the options every job of the site gets (``site_options``), ``submit`` the login
+    hosts in inventory order, ``user`` the user jobs are submitted as (like the nodes' cluster user: one, not root).
+    """
+    errors: list[str] = []
+    chosen = {str(row["name"]): str(row.get("scheduler") or "ssh") for row in rows}
+    for name, value in chosen.items():
+        if value not in SCHEDULERS:
+            errors.append(f"{name}: vidcluster_scheduler {value!r} is not one of {', '.join(SCHEDULERS)}")
+    if len(set(chosen.values())) > 1:
+        listed = ", ".join(f"{name}={value}" for name, value in chosen.items())
+        errors.append(f"vidcluster_scheduler differs between hosts ({listed}); it is one setting for the cluster")
+    scheduler = next(iter(chosen.values()), "ssh")
+    submit = [str(row["name"]) for row in rows if row["group"] == "slurm_submit"]
+    nodes = [str(row["name"]) for row in rows if row["group"] != "slurm_submit"]
+    for row in rows:
+        for key in sorted(set(row.get("slurm") or {}) - set(SLURM_DEFAULTS)):
+            errors.append(f"{row['name']}: {key} is not a Slurm setting (known: {', '.join(SLURM_DEFAULTS)})")
+    if scheduler != "slurm":
+        if submit:
+            errors.append(f"the group slurm_submit lists {', '.join(submit)} but vidcluster_scheduler is not slurm; "
+                          "set vidcluster_scheduler: slurm for a Slurm site, or remove the group")
+        for row in rows:
+            for key in sorted(set(row.get("slurm") or {}) & set(SLURM_DEFAULTS)):
+                errors.append(f"{row['name']}: {key} is set but vidcluster_scheduler is not slurm; set "
+                              "vidcluster_scheduler: slurm, or remove it")
+        return {"scheduler": scheduler, "submit": [], "user": "", "slurm": {}, "errors": errors}
+    if not submit:
+        errors.append("vidcluster_scheduler is slurm but the group slurm_submit (the login host(s) jobs are submitted "
+                      "from) has no hosts")
+    if nodes:
+        errors.append(f"vidcluster_scheduler is slurm, where the allocation picks the compute nodes, but "
+                      f"{', '.join(nodes)} are in trainers or spares; list only the login host(s), in slurm_submit")
+    given = [dict(row.get("slurm") or {}) for row in rows if row["group"] == "slurm_submit"]
+    if any(settings != given[0] for settings in given[1:]):
+        errors.append(f"the vidcluster_slurm_* settings differ between the login hosts {', '.join(submit)}; set them "
+                      "once, for the group")
+    users = {str(row["name"]): str(row.get("user") or controller_user or getpass.getuser())
+             for row in rows if row["group"] == "slurm_submit"}
+    if len(set(users.values())) > 1:
+        listed = ", ".join(f"{name}={user}" for name, user in users.items())
+        errors.append(f"ansible_user differs between the login hosts ({listed}); jobs run as one user")
+    user = next(iter(users.values()), "")
+    if user == "root":
+        errors.append("ansible_user is root; submit jobs as the cluster's ordinary user")
+    slurm = _slurm_settings({k: v for k, v in (given[0] if given else {}).items() if k in SLURM_DEFAULTS}, errors)
+    return {"scheduler": scheduler, "submit": submit, "user": user, "slurm": slurm, "errors": errors}
+
+
 def job_id(given: Any, config: Any = "") -> dict[str, str]:
     """``{id, error}``: the job id a playbook acts on (``given``, -e job_id; else the config's file name without
     .yaml; '' when neither is given: every job), or why it cannot be one (it could name another folder, or break a
@@ -200,5 +357,5 @@ class FilterModule:
     """Registers the functions above as Ansible filters."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"cluster_contract": cluster_contract, "cluster_resolve_address": resolve_address,
-                "cluster_job_id": job_id}
+        return {"cluster_contract": cluster_contract, "cluster_scheduler_contract": scheduler_contract,
+                "cluster_resolve_address": resolve_address, "cluster_job_id": job_id}

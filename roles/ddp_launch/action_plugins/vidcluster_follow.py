@@ -1,8 +1,9 @@
 """vidcluster_follow: follow a training job from its hub's node, printing a line when its progress changes.
 
 Runs on the controller (the task is delegated to the hub's node); each poll is one module call on that node, which
-waits there (``python -m trainer.runtime wait``) until the job's progress changes or ``poll_seconds`` pass, so an
-unchanged job prints nothing and a changed one is printed within a moment. Lines are the job's own words
+waits there (``python -m trainer.runtime wait``; ``verb`` slurm-wait on a Slurm site's login host, which reads the
+job from Slurm's queue and the hub's state in the shared home) until the job's progress changes or ``poll_seconds``
+pass, so an unchanged job prints nothing and a changed one is printed within a moment. Lines are the job's own words
 (trainer/runtime/report.py): epoch, step, losses, accuracy, clips/s, ETA, restarts, silent nodes. The loop is the
 launcher's one polling machine (the vidcluster.launcher collection's plugin_utils/polling.py).
 
@@ -31,7 +32,7 @@ from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import
 report = trainer_module("runtime.report")
 display = Display()
 ARGS = ("python", "entry", "jobs_dir", "job", "node", "poll_seconds", "grace_seconds", "recheck_seconds", "hours",
-        "silent_since")
+        "silent_since", "verb")
 
 
 class ActionModule(ActionBase):
@@ -50,8 +51,9 @@ class ActionModule(ActionBase):
         recheck = float(a.get("recheck_seconds", 120))
         hours = float(a.get("hours", 72))
         silent_since = float(a["silent_since"]) if a.get("silent_since") else None
-        argv = [str(a["python"]), "-I", "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
-                "--node", node, str(poll), "--since"]
+        # The runtime's wait; on a Slurm site slurm-wait, on the login host (trainer.runtime.slurm).
+        argv = [str(a["python"]), "-I", "-c", str(a["entry"]), str(a.get("verb") or "wait"), "--jobs-dir",
+                str(a["jobs_dir"]), "--job", job, "--node", node, str(poll), "--since"]
         heard = {"key": "", "said_silent": False, "ending": 0.0}
 
         def look() -> dict[str, Any] | None:

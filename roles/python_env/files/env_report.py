@@ -4,11 +4,12 @@ Keys: python, torch, cuda, cudnn, nccl, torchvision, decord, torchcodec, paramik
 FFmpeg torchcodec loaded: its version, "not found" when torchcodec finds no FFmpeg shared libraries it supports, "n/a"
 without torchcodec), torch_gpus (device names torch sees), torch_archs (the GPU kernels of the torch build:
 torch.cuda.get_arch_list()), gpu_checks (per GPU: index, name, compute capability "major.minor", and "ok" or the error
-of one small CUDA operation on it). A package that is not installed reports "missing"; one
-that is installed but fails to import reports "broken: <error>", so a half-installed node shows up in the cross-node
-table instead of crashing the report.
+of one small CUDA operation on it), driver (the loaded NVIDIA kernel module's version, "n/a" without one: what a node
+reached only through a Slurm job says of its driver). A package that is not installed reports "missing"; one that is
+installed but fails to import reports "broken: <error>", so a half-installed node shows up in the cross-node table
+instead of crashing the report.
 
-    python env_report.py [--cache DIR]
+    python env_report.py [--cache DIR] [--node-from-env VAR]
 
 With --cache, a report is kept in DIR under a fingerprint of everything it depends on (the interpreter, every
 installed distribution's metadata and its modification time, the NVIDIA driver and devices, the FFmpeg libraries), so
@@ -25,6 +26,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -34,6 +36,7 @@ NOT_AVAILABLE = "n/a"
 # Part of the fingerprint: a report kept by an older version of this script lacks keys this one has.
 REPORT_VERSION = 2
 # Where the system's FFmpeg libraries live (torchcodec loads them); a change there changes the fingerprint.
+DRIVER_FILE = Path("/proc/driver/nvidia/version")
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
 
@@ -93,6 +96,16 @@ def _ffmpeg_version(torchcodec: Any) -> str:
         return f"broken: {type(exc).__name__}: {exc}"
 
 
+def _driver_version() -> str:
+    """The loaded NVIDIA kernel module's version (/proc/driver/nvidia/version: "... Kernel Module  580.65.06 ...")."""
+    try:
+        text = DRIVER_FILE.read_text()
+    except OSError:
+        return NOT_AVAILABLE
+    found = re.search(r"Kernel Module\s+(\d[\w.]*)", text)
+    return found[1] if found else NOT_AVAILABLE
+
+
 def fingerprint() -> str:
     """A digest of what the report depends on, computed without importing any of the reported packages."""
     digest = hashlib.sha256(f"{REPORT_VERSION}|{sys.version}|{os.path.realpath(sys.prefix)}|".encode())
@@ -101,8 +114,7 @@ def fingerprint() -> str:
             if entry.endswith((".dist-info", ".egg-info", ".pth", ".egg-link")):
                 digest.update(f"{folder}/{entry}:{os.stat(os.path.join(folder, entry)).st_mtime_ns}|".encode())
     digest.update(os.environ.get("CUDA_VISIBLE_DEVICES", "-").encode())
-    driver = Path("/proc/driver/nvidia/version")
-    digest.update(driver.read_bytes() if driver.exists() else b"no-driver")
+    digest.update(DRIVER_FILE.read_bytes() if DRIVER_FILE.exists() else b"no-driver")
     libraries = [path for folder in LIBRARY_DIRS for path in glob.glob(f"{folder}/libav*.so.*")]
     for path in sorted(glob.glob("/dev/nvidia*") + libraries):
         digest.update(f"{path}:{os.stat(path).st_mtime_ns}|".encode())
@@ -121,17 +133,14 @@ def report() -> dict[str, Any]:
         report[module] = _module_version(module)[1]
     torchcodec, report["torchcodec"] = _module_version("torchcodec")
     report["ffmpeg"] = _ffmpeg_version(torchcodec)
+    report["driver"] = _driver_version()
     return report
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="this environment's training stack as JSON")
-    parser.add_argument("--cache", help="folder of kept reports, by fingerprint")
-    args = parser.parse_args()
-    kept = Path(os.path.expanduser(args.cache)) / f"{fingerprint()}.json" if args.cache else None
+def kept_or_new(kept: Path | None) -> str:
+    """The report kept under this fingerprint, or a new one (kept for next time unless an import broke)."""
     if kept is not None and kept.is_file():
-        print(kept.read_text().strip())
-        return
+        return kept.read_text().strip()
     found = report()
     text = json.dumps(found)
     # A broken import or a failed GPU operation is worth looking at again next time.
@@ -143,6 +152,20 @@ def main() -> None:
             os.replace(tmp, kept)
         except OSError:
             pass  # no room to keep it: the report stands, the next run recomputes it
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="this environment's training stack as JSON")
+    parser.add_argument("--cache", help="folder of kept reports, by fingerprint")
+    parser.add_argument("--node-from-env", metavar="VAR",
+                        help="add the node's name, from this environment variable, as 'node' (a Slurm job's task: "
+                             "SLURMD_NODENAME); never kept in the cache, which nodes may share")
+    args = parser.parse_args()
+    kept = Path(os.path.expanduser(args.cache)) / f"{fingerprint()}.json" if args.cache else None
+    text = kept_or_new(kept)
+    if args.node_from_env:
+        text = json.dumps({**json.loads(text), "node": os.environ.get(args.node_from_env, "")})
     print(text)
 
 

@@ -6,6 +6,7 @@ Plain functions, so tests import this file directly; ``FilterModule`` only regis
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -200,6 +201,42 @@ def version_table(
     }
 
 
+def slurm_reports(written: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """The compute nodes' reports from a Slurm job's files (task -> {out: its report, which names its node; err: its
+    stderr}): ``{reports: {node: report}, failed: {'task N': why}}``. A report's GPUs are the ones torch sees there
+    (nvidia-smi is the login host's business only), its driver the one env_report.py read on the node."""
+    reports: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for task, files in written.items():
+        try:
+            report = json.loads(files["out"])
+        except ValueError:
+            words = " ".join(str(files.get("err", "")).split())
+            failed[f"task {task}"] = words or "it wrote no report"
+            continue
+        reports[str(report.pop("node", f"task {task}"))] = {**report, "gpus": report.get("torch_gpus", [])}
+    return {"reports": reports, "failed": failed}
+
+
+def slurm_problems(reports: Mapping[str, Mapping[str, Any]], gpus: int, decoders: Sequence[str],
+                   driver_table: Mapping[str, str]) -> list[str]:
+    """What keeps each compute node from training as a job of the site would: torch sees another number of GPUs than
+    the job was given, a driver too old for the installed torch's CUDA, a chosen decoder that cannot run."""
+    problems = []
+    for node, report in reports.items():
+        seen = len(report.get("torch_gpus") or [])
+        if seen != gpus:
+            problems.append(f"{node}: torch sees {seen} GPU(s), the job was given {gpus} (vidcluster_slurm_gpus_per_"
+                            "node; a torch build without CUDA, or a driver that does not load?)")
+        cuda, driver = str(report.get("cuda", NOT_AVAILABLE)), str(report.get("driver", NOT_AVAILABLE))
+        if gpus and NOT_AVAILABLE not in (cuda, driver):
+            verdict = driver_verdict(driver, cuda, driver_table)
+            if not verdict["ok"]:
+                problems.append(f"{node}: {verdict['message']}")
+        problems += [f"{node}: {problem}" for problem in decoder_problems(report, decoders)]
+    return problems
+
+
 class FilterModule:
     """Registers the filters as python_env_<name>."""
 
@@ -208,6 +245,8 @@ class FilterModule:
             "python_env_decoder_problems": decoder_problems,
             "python_env_driver_verdict": driver_verdict,
             "python_env_gpu_fit": gpu_fit,
+            "python_env_slurm_problems": slurm_problems,
+            "python_env_slurm_reports": slurm_reports,
             "python_env_torch_requirements": torch_requirements,
             "python_env_version_table": version_table,
         }

@@ -1,0 +1,80 @@
+"""trainer/runtime/slurm.py's decisions, alone: the record an allocation continues from, when Slurm must requeue a
+job (and whether that counts as a restart), and the batch script. The whole thing runs on a local Slurm cluster in
+tests/cluster/test_slurm.py (the slow lane)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.runtime.test_plan import job, plans
+from trainer.runtime.hub import new_record
+from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, Phase
+from trainer.runtime.slurm import SlurmError, batch_script, cause, continued, requeue_cause
+
+HOMES = ["/home/u"] * 3
+
+
+def ended(state: str, kind: str, restarts: int = 0, node: str = "n1") -> dict[str, Any]:
+    """A record (as state.json holds it) whose attempt ended ``state``, its first failure of ``kind`` on ``node``,
+    named 4 s after it, after rank 0 reported step 37."""
+    first = Failure(node, Kind(kind), f"{node} went {kind}", 1000.0)
+    record = new_record(plans(job(HOMES))["n0"], 900.0).changed(
+        restarts=restarts, detected_at=1004.0, failed_step=37, end=End(EndState(state), "why", first))
+    return record.to_json()
+
+
+def test_an_allocation_continues_the_record_of_the_one_before() -> None:
+    first = plans(job(HOMES))["n0"]
+    assert continued(first, None, 5.0) == new_record(first, 5.0)  # the launch's attempt 0
+    launched = new_record(first, 900.0)
+    before = launched.changed(attempt=2, restarts=1, attempts=(*launched.attempts,) * 3).to_json()
+    why = cause("n1", "lost", "n1 went lost", 1000.0, 37, 1004.0)
+    # The next allocation has other nodes: its ranks and rendezvous, the earlier attempts and restarts carried on.
+    after = plans(job(["/home/u"] * 2, net="10.9.7"))["n0"]
+    record = continued(after, {"previous": before, "cause": why, "counted": True}, 2000.0)
+    assert (record.attempt, record.restarts, record.phase, record.end) == (3, 2, Phase.RUNNING, None)
+    assert record.attempts[:3] == JobRecord.read(before).attempts
+    assert record.attempts[3].attempt == 3 and record.attempts[3].cause is not None
+    assert (record.attempts[3].cause.node, record.attempts[3].cause.kind, record.attempts[3].cause.detect_s) == (
+        "n1", Kind.LOST, 4.0)
+    assert record.rendezvous.startswith("tcp://10.9.7.10:") and record.lost == {}
+    assert continued(after, {"previous": before, "cause": why, "counted": False}, 2000.0).restarts == 1
+
+
+def test_only_what_the_allocation_cannot_fix_is_requeued() -> None:
+    signal = {"at": 990.0, "reason": "the time limit is near"}
+    progress = {"step": 40}
+    # The time limit: the job stopped at the agreed step; a requeue that does not count as a restart.
+    why, counted = requeue_cause(ended("stopped", "stopped"), progress, signal, "n0", 3) or ({}, None)
+    assert (why["kind"], why["failed_step"], counted) == ("preempted", 40, False)
+    # A node lost with no spare: the hub's own detection time, counted, while restarts are left.
+    why, counted = requeue_cause(ended("failed", "lost"), progress, None, "n0", 3) or ({}, None)
+    assert (why["node"], why["kind"], why["detect_s"], why["failed_step"], counted) == ("n1", "lost", 4.0, 37, True)
+    assert requeue_cause(ended("failed", "lost", restarts=3), progress, None, "n0", 3) is None
+    # What a requeue cannot fix stands: a bad input, a finished job, a user's stop.
+    assert requeue_cause(ended("failed", "rejected"), progress, None, "n0", 3) is None
+    assert requeue_cause(ended("finished", "lost"), progress, signal, "n0", 3) is None
+    assert requeue_cause(ended("stopped", "stopped"), progress, None, "n0", 3) is None
+    # A step that ended without an end on record (its supervisors killed): counted.
+    why, counted = requeue_cause({"restarts": 0}, progress, None, "n0", 3) or ({}, None)
+    assert (why["node"], why["kind"], counted) == ("n0", "lost", True) and why["at"] <= time.time()
+
+
+def test_the_batch_script_asks_slurm_for_requeue_the_signal_and_every_node() -> None:
+    login = plans(job(HOMES))["n0"]
+    options = {"trainers": 2, "spares": 1, "time": "1-00:00:00", "signal_seconds": 300,
+               "site_options": ["--partition=gpu", "--gres=gpu:8"], "iface": "ib0"}
+    script = batch_script(login, "/home/u/vidcluster/jobs/k400-a/login", options).splitlines()
+    assert script[0] == "#!/home/u/vidcluster/venv/bin/python -PS"  # the training environment, no site, safe path
+    asked = [line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH ")]
+    assert asked == ["--job-name=vidcluster-k400-a", "--nodes=3", "--ntasks-per-node=1", "--requeue", "--no-kill",
+                     "--signal=B:USR1@300", "--output=/home/u/vidcluster/jobs/k400-a/login/batch.log",
+                     "--open-mode=append", "--chdir=/home/u/vidcluster/jobs/k400-a/login", "--time=1-00:00:00",
+                     "--partition=gpu", "--gres=gpu:8"]
+    assert script[-1] == ('sys.exit(slurm.batch("/home/u/vidcluster/jobs/k400-a/login", {"trainers": 2, "iface": '
+                          '"ib0"}))')  # values as Python literals, never shell text
+    with pytest.raises(SlurmError, match="has a space"):
+        batch_script(login, "/home/u v/jobs/k400-a/login", options)
