@@ -13,7 +13,8 @@ The description it rendered from is kept as ``DIR/launch.json``, so the same fil
 The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
 experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
 "env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace}, "restarts":
-{max_restarts, node_wait}, "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares": [...]}``;
+{max_restarts, node_wait, in_place}, "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...],
+"spares": [...]}``;
 a node is ``{"name", "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0
 hosts the rendezvous); spares train only when one replaces a lost node. Paths in the config are made absolute for
 each node: "~" and relative paths are in that node's home.
@@ -54,7 +55,7 @@ from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 USE_TIME = "use_time"
 DEFAULT_RUN_NAME = "run"
 WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_grace": 15.0}
-RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0}
+RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0, "in_place": True}
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,13 @@ def node_env(job: JobSpec, node: NodeFacts, code_dir: str, job_dir: str) -> dict
     return {**env, **(job.extra_env or {})}
 
 
+def in_place(value: Any) -> bool:
+    """The job's restarts.in_place: a JSON boolean, nothing else (a string "false" would be true)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"restarts.in_place: expected true or false, got {value!r}")
+    return value
+
+
 def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend: str) -> NodePlan:
     """Everything ``node`` needs to run its part of the job (trainer.runtime.plan), every path absolute."""
     folder = layout.job_dir(job.jobs_dir, job.job_id, node.name, node.home)
@@ -279,7 +287,8 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
             results=tuple(posixpath.join(run, name) for name in contract.run_files(log.LOG_FILENAME)),
         ),
         watch=Watch(**{k: float(v) for k, v in job.watch.items()}),
-        restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"])),
+        restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"]),
+                          in_place(job.restarts["in_place"])),
         data_paths=tuple(input_paths(cfg)),
     )
 

@@ -38,11 +38,14 @@ class Job:
     """A job's folders and supervisors on loopback; ``close`` ends every process of the job, by its folder."""
 
     def __init__(self, tmp_path: Path, nodes: int, spares: int = 0, node_wait: float = 20.0, max_restarts: int = 3,
-                 steps: int = 300, env: dict[str, str] | None = None, argv: tuple[str, ...] | None = None) -> None:
+                 steps: int = 300, env: dict[str, str] | None = None, argv: tuple[str, ...] | None = None,
+                 in_place: bool = True) -> None:
         """``steps``: the stand-ins' first attempt (a tenth of a second each; a restarted attempt trains 10 more)."""
         homes = [str(tmp_path / f"home{i}") for i in range(nodes + spares)]
+        peers = tmp_path / "peers"  # every stand-in of the job says it is there (tests/runtime/standin.py)
+        peers.mkdir(parents=True)
         spec = job(homes, spares=spares, net=NET, watch=WATCH,
-                   restarts={"max_restarts": max_restarts, "node_wait": node_wait})
+                   restarts={"max_restarts": max_restarts, "node_wait": node_wait, "in_place": in_place})
         self.plans = plans(spec)
         self.folders: dict[str, str] = {}
         for name, planned in self.plans.items():
@@ -50,7 +53,7 @@ class Job:
             plan = dataclasses.replace(
                 planned, argv=argv or (sys.executable, *layout.SAFE_PATH, str(STANDIN), "--config-file", "x"),
                 env={**planned.env, "PYTHONPATH": str(REPO), "STANDIN_RUN_DIR": run, "STANDIN_STEPS": str(steps),
-                     **(env or {})})
+                     "STANDIN_PEERS": str(peers), **(env or {})})
             folder = Path(plan.paths.job_dir)
             folder.mkdir(parents=True)
             (folder / layout.PLAN_FILE).write_text(plan.to_json())
@@ -85,7 +88,8 @@ class Job:
     def lose(self, name: str) -> None:
         """The node is gone: its supervisor and its trainer killed at once."""
         self.signal(name, signal.SIGKILL)
-        wait_until(lambda: not self.processes(name), 10, f"{name}'s processes to end")
+        wait_until(lambda: not self.processes(name), 10, f"{name}'s processes to end",
+                   lambda: "\n".join(Path(f"/proc/{pid}/cmdline").read_text() for pid in self.processes(name)))
 
     def close(self) -> None:
         for name in self.names:
@@ -120,6 +124,10 @@ class Job:
         """What the stand-in with rank 0 on ``name`` recorded of each restarted attempt."""
         path = self.run_file(name, "attempts.jsonl")
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def weights(self, name: str) -> dict[str, Any]:
+        """The final "weights" the stand-in on ``name`` wrote at the end (its rank, its step, its weights)."""
+        return json.loads(self.run_file(name, "weights.json").read_text())
 
     def step(self, name: str) -> int:
         try:

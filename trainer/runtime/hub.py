@@ -29,7 +29,18 @@ from trainer.runtime import layout
 from trainer.runtime.messages import Report, Trainer, TrainerState
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.policy import Action, decide
-from trainer.runtime.record import SCHEMA, Attempt, Cause, End, EndState, Failure, JobRecord, Kind, Phase
+from trainer.runtime.record import (
+    SCHEMA,
+    Attempt,
+    Cause,
+    End,
+    EndState,
+    Failure,
+    JobRecord,
+    Kind,
+    NodeTimeline,
+    Phase,
+)
 from trainer.runtime.schema import JsonObject
 from trainer.runtime.verdict import exit_failure, first_failure, words
 
@@ -50,7 +61,8 @@ def new_record(plan: NodePlan, wall: float) -> JobRecord:
         schema=SCHEMA, version=1, job=plan.job, term=0, hub=plan.members[0].name, attempt=0, phase=Phase.RUNNING,
         assignment=assignment, rendezvous=rendezvous, world_urls=world_urls(plan, assignment), directory={},
         restarts=0, max_restarts=plan.restarts.max_restarts, lost={},
-        attempts=(Attempt(attempt=0, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=None),),
+        attempts=(Attempt(attempt=0, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=None,
+                          stopped_at=None, nodes={}),),
         first_failure=None, detected_at=None, failed_step=None, waiting="", end=None,
     )
 
@@ -92,6 +104,7 @@ class Hub:
         self.majority_until: float | None = None  # the wait for a majority of members ends then
         self.lost_at = {node: now for node in self.record.lost}
         self.progress: JsonObject | None = None  # the rank-0 trainer's status, as its member reported it
+        self.stopped_at: float | None = None  # wall clock: every trainer of the stopping attempt had stopped
         self.took_over = lost_hub is not None
         self.acted = False  # has this hub changed the job (an attempt, an end)? Then it adopts no other record.
         self.base = record  # the newest record adopted so far
@@ -115,11 +128,14 @@ class Hub:
             self._change(directory={**self.record.directory, node: report.addr})
         if node == self.record.rank0 and report.progress is not None:
             self.progress = report.progress
+        if report.timeline is not None and report.trainer.attempt == self.record.attempt:
+            self._note_timeline(node, report.timeline)
 
     def adopt(self, record: JobRecord) -> None:
         """A newer record of the job from a joining member: a hub that took over learns the job from its members,
-        until it acts on the job itself."""
-        if self.acted or not record.newer_than(self.base) or record.job != self.record.job:
+        until it acts on the job itself. The launch's hub is where every record comes from: a member that joins it
+        again (back from a cut) holds an older copy of its own record."""
+        if not self.took_over or self.acted or not record.newer_than(self.base) or record.job != self.record.job:
             return
         self.base = record
         mine = self.record
@@ -213,6 +229,9 @@ class Hub:
                 else:
                     kind, reason = exit_failure(trainer.rc)
                     self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
+            elif trainer is not None and trainer.state == TrainerState.PARKED:
+                self._fail(Failure(node, Kind.PARKED, "its trainer lost its peers and waits in place for the next "
+                                   "attempt", trainer.ended or wall))
         if len(finished) == len(self.record.assignment):
             self._end(EndState.FINISHED, f"attempt {attempt} trained to the end on every node")
             return
@@ -220,8 +239,10 @@ class Hub:
             return
         if self.first_seen is None:
             self.first_seen = now
-        # A failure's consequences arrive within moments (peers lose their collective): let its cause arrive too.
-        if now - self.first_seen >= self.timings.settle:
+        # A failure's consequences arrive within moments (peers lose their collective): let its cause arrive too,
+        # unless every node of the attempt has failed already (nothing is left to arrive).
+        every = {f.node for f in self.failures} >= set(self.record.assignment)
+        if now - self.first_seen >= self.timings.settle or every:
             first = self.first()
             assert first is not None
             self.log(f"attempt {attempt}: {words(first)}; stopping the attempt on every node")
@@ -261,6 +282,8 @@ class Hub:
             self.log(f"attempt {self.record.attempt}: {words(first)}")
             self._change(first_failure=first)
         if not pending:
+            if self.stopped_at is None:
+                self.stopped_at = wall
             self._decide(now, wall)
 
     def _available(self, now: float) -> list[str]:
@@ -323,15 +346,25 @@ class Hub:
         attempt = self.record.attempt + 1
         cause = Cause(**dataclasses.asdict(first), detected_at=detected_at,
                       detect_s=round(detected_at - first.at, 1), failed_step=self.record.failed_step)
-        entry = Attempt(attempt=attempt, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=cause)
+        entry = Attempt(attempt=attempt, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=cause,
+                        stopped_at=self.stopped_at, nodes={})
         self.log(f"attempt {attempt}: {reason}")
         self.failures, self.first_seen, self.wait_until, self.majority_until = [], None, None, None
+        self.stopped_at = None
         self.acted = True
         self._change(attempt=attempt, phase=Phase.RUNNING, assignment=assignment, rendezvous=rendezvous,
                      world_urls=world_urls(self.plan, assignment), attempts=(*self.record.attempts, entry),
                      restarts=self.record.restarts + 1, first_failure=None, detected_at=None, failed_step=None,
                      waiting="")
         self.phase_since = now
+
+    def _note_timeline(self, node: str, timeline: NodeTimeline) -> None:
+        """A member's account of its trainer in the current attempt: how it started, the phases it reached."""
+        current = self.record.attempts[-1]
+        if node not in current.assignment or current.nodes.get(node) == timeline:
+            return
+        entry = dataclasses.replace(current, nodes={**current.nodes, node: timeline})
+        self._change(attempts=(*self.record.attempts[:-1], entry))
 
     def _end(self, state: EndState, reason: str) -> None:
         self.acted = True

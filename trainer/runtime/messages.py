@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from trainer.runtime import schema
-from trainer.runtime.record import End, JobRecord, Kind
+from trainer.runtime.record import End, JobRecord, Kind, NodeTimeline
 from trainer.runtime.schema import JsonObject
 
 
@@ -30,6 +30,7 @@ class Mode(StrEnum):
 class TrainerState(StrEnum):
     IDLE = "idle"  # no attempt started here yet
     RUNNING = "running"
+    PARKED = "parked"  # out of its attempt, its group torn down: it waits in place for the next (trainer.inplace)
     EXITED = "exited"
 
 
@@ -84,6 +85,7 @@ class Report:
     progress: JsonObject | None  # rank 0's status.json (only the rank-0 node sends it)
     port_offer: int | None  # a free port here: the next attempt's rendezvous if this node gets rank 0
     record: JobRecord | None  # a join: the record this member holds (a hub that took over learns the job from it)
+    timeline: NodeTimeline | None  # its trainer's timeline in its attempt (the trainer's attempt)
 
     def __post_init__(self) -> None:
         if self.says not in (Says.JOIN, Says.REPORT):

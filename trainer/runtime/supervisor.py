@@ -7,8 +7,9 @@ parts, one asyncio loop and one thread (no locks):
                (authenticated: trainer.runtime.wire) and answers members;
     member     trainer.runtime.member: a supervisor that is not the hub reports to the hub every ``report_every``
                seconds (trainer.runtime.timing) and adopts its record; it reports at once when its trainer starts,
-               exits or fails, and every second while its trainer has run and does not run now (the hub's next word,
-               the job's end or its next attempt, is what it waits for);
+               exits, fails, parks or reaches a phase of its attempt, and every ``waiting_report`` seconds while its
+               trainer has run and does not run now (the hub's next word, the job's end or its next attempt, is what
+               it waits for);
     hub host   trainer.runtime.hubhost: the supervisor that is the job's hub answers with the record;
     tick       ``Supervisor.tick``, every TICK: polls the trainer, acts on the record, writes the node's state, and
                restarts the member's task should it have ended.
@@ -134,7 +135,8 @@ class Supervisor:
     def tick(self) -> None:
         now = time.monotonic()
         self.node.poll()
-        seen = (self.node.trainer.attempt, self.node.trainer.state, self.node.trouble is not None)
+        seen = (self.node.trainer.attempt, self.node.trainer.state, self.node.trouble is not None,
+                self.node.timeline())
         if seen != self.trainer_seen:
             self.trainer_seen = seen
             self.news.set()
@@ -181,7 +183,7 @@ class Supervisor:
         return Report(says=says, node=self.me, term=self.term if term is None else term, addr=self.listener.addr,
                       version=self.record.version, trainer=self.node.trainer, trouble=self.node.trouble,
                       progress=self.node.progress() if rank0 else None, port_offer=self.node.port_offer(),
-                      record=self.record if says == Says.JOIN else None)
+                      record=self.record if says == Says.JOIN else None, timeline=self.node.timeline())
 
     def adopt(self, reply: RecordReply) -> None:
         """The hub's answer: its record (newer ones only) and the run's progress."""
@@ -246,7 +248,7 @@ class Supervisor:
                     return
                 hub = self.record.hub
                 say(f"nothing heard from the hub ({hub} at {self.hub_addr}) for {self.timings.loss:.0f} s")
-                self.node.stop(f"lost contact with the job's hub ({hub})", signal.SIGTERM)
+                self.node.leave(f"lost contact with the job's hub ({hub})")
                 self.mode, self.lost_hub, self.search_started = Mode.SEARCHING, hub, time.monotonic()
                 continue
             found = await self.member.search(self.lost_hub, self.hub_addr, self.term + 1, self.search_started)

@@ -51,4 +51,5 @@ class FilterModule:
             "ddp_launch_job_lines": job_lines,
             "ddp_launch_progress": report.progress_line,
             "ddp_launch_attempts": report.attempt_lines,
+            "ddp_launch_timelines": report.timeline_lines,
         }
