@@ -76,6 +76,7 @@ class Timeline:
                                phases=dict(self.phases))
         with contextlib.suppress(OSError):  # a full disk must not end training; the supervisor just sees less
             channel.write(self.path, report)
+        channel.wake(self.path.parent)
 
 
 # This process's timeline: one per process (spawned workers and torchrun's workers each have their own).

@@ -223,12 +223,9 @@ def attempt_ended(exc: BaseException) -> bool:
 
 
 def park(run: Run | None, kept: Kept | None) -> Kept | None:
-    """Out of an attempt that is over: its checkpoint written, its group torn down; what the next attempt keeps."""
-    if run is not None and run.writer is not None:
-        try:
-            run.writer.wait()
-        except Exception as exc:  # the write's own failure: the next attempt resumes from the one before
-            log.warning("the last checkpoint of the attempt was not written: %s", first_line(exc))
+    """Out of an attempt that is over: its group torn down; what the next attempt keeps. A checkpoint being written
+    goes on being written meanwhile (a thread that the process's exit waits for): whether the next attempt sees it or
+    not, every rank chooses the same checkpoint (trainer.resume)."""
     leave_group()
     return Kept.of(run) if run is not None else kept
 

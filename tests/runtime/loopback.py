@@ -21,7 +21,8 @@ import pytest
 
 from tests.cluster.conftest import REPO
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import layout, nodestate, procs
+from trainer.runtime import channel, layout, nodestate, procs
+from trainer.runtime.channel import ProcState
 from trainer.runtime.messages import NodeState
 from trainer.runtime.record import JobRecord
 
@@ -124,6 +125,12 @@ class Job:
         """What the stand-in with rank 0 on ``name`` recorded of each restarted attempt."""
         path = self.run_file(name, "attempts.jsonl")
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def standby(self, name: str) -> int | None:
+        """The pid of ``name``'s standby, once it waits (its report in the node's channel says so)."""
+        folder = Path(self.folders[name]) / layout.CHANNEL_DIR
+        return next((r.pid for r in channel.processes(folder)
+                     if r.state == ProcState.STANDBY and procs.belongs(r.pid, self.folders[name])), None)
 
     def weights(self, name: str) -> dict[str, Any]:
         """The final "weights" the stand-in on ``name`` wrote at the end (its rank, its step, its weights)."""

@@ -22,7 +22,8 @@ reports its phases and state in the channel, a standby waits to be handed an att
 stand-in that loses its peers, or is told its attempt is over, parks and resumes from the checkpoint in the attempt
 it is handed; without it, a lost peer ends it with status 1.
 STANDIN_EXIT="ATTEMPT:STEP:RC" makes attempt ATTEMPT exit with status RC at step STEP (its status.json says it failed,
-with a traceback's last line, as the real one does).
+with a traceback's last line, as the real one does). Like the real one's data loader, it has a worker process, which
+outlives it by a second when it is killed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +47,8 @@ from trainer.timeline import PROCESS
 STEPS_PER_EPOCH = 10
 # A peer's file once it has left its attempt, trained it to the end, or stopped with the others on a stop signal.
 LEFT, DONE, STOPPED = "left", "done", "stopped"
+# The loader worker: it ends a second after its parent (a real one notices its parent's end at its next poll).
+WORKER = "import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    time.sleep(0.05)\ntime.sleep(1)"
 
 
 def write(path: Path, payload: dict[str, object]) -> None:
@@ -74,6 +78,7 @@ class StandIn:
         self.how = "process"
         signal.signal(signal.SIGTERM, self.lost_peers)
         signal.signal(signal.SIGUSR1, self.preempted)
+        self.worker = subprocess.Popen([sys.executable, "-c", WORKER])
         self.begin(argv)
 
     def begin(self, argv: list[str]) -> None:

@@ -62,14 +62,16 @@ def exact(job: Job, *nodes: str) -> None:
 
 
 def came(record: JobRecord, attempt: int = 1) -> dict[str, tuple[Start, str]]:
-    """How each node's trainer came to ``attempt``, and why not in place; each node's phases on record, in order."""
+    """How each node's trainer came to ``attempt``, and why not in place; each node's phases of that attempt and of
+    the one before on record (a trainer that ended, killed or lost, keeps its phases there), in order."""
     entry = record.attempts[attempt]
     assert entry.cause is not None and entry.stopped_at is not None
     assert entry.cause.at <= entry.cause.detected_at <= entry.stopped_at <= entry.started_at, entry
-    for node, timeline in entry.nodes.items():
-        phases = [timeline.started, timeline.imported, timeline.group, timeline.checkpoint, timeline.first_step]
-        assert None not in phases and phases == sorted(phases) and entry.started_at <= timeline.started, (node, entry)
-    assert entry.nodes.keys() == entry.assignment.keys(), entry
+    for each in record.attempts[attempt - 1:attempt + 1]:
+        for node, timeline in each.nodes.items():
+            phases = [timeline.started, timeline.imported, timeline.group, timeline.checkpoint, timeline.first_step]
+            assert None not in phases and phases == sorted(phases) and each.started_at <= timeline.started, (node, each)
+        assert each.nodes.keys() == each.assignment.keys(), each
     return {node: (timeline.start, timeline.fallback) for node, timeline in entry.nodes.items()}
 
 
@@ -78,7 +80,7 @@ def test_a_killed_trainer_is_restarted_on_the_same_nodes_from_the_newest_checkpo
     job = started(loopback, 2)
     trainer = job.state("n1").trainer.pid
     assert trainer is not None
-    wait_until(lambda: len(job.processes("n1", trainers_only=True)) == 2, 30, "n1's standby", job.logs)
+    wait_until(lambda: job.standby("n1"), 30, "n1's standby", job.logs)
     signal_at = time.time()
     os.kill(trainer, signal.SIGKILL)
     record = job.ended()

@@ -7,6 +7,9 @@ its attempt is over, its process group torn down, and it waits in place for the 
 it reached each phase of its attempt (``PHASES``). The supervisor (trainer.runtime.node) reads them every tick: a
 node's phases are reached when every training process of the node has reached them.
 
+A process that writes its report also writes a byte into the FIFO ``wake``, which the supervisor's loop reads: the
+supervisor acts on a parked trainer, or a phase reached, at once rather than at its next tick.
+
 The supervisor writes ``next-attempt.json`` (``Notice``): the newest attempt that is over (its processes leave it and
 park), and the next attempt to join (``Join``): who joins it (the parked survivors, or the standby), as which node
 rank, at which rendezvous, with which nodes, and what ended the attempt before (contract.ATTEMPT_FIELDS). A trainer
@@ -33,6 +36,7 @@ from trainer.runtime import schema
 from trainer.runtime.schema import JsonObject
 
 NOTICE_FILE = "next-attempt.json"
+WAKE_FIFO = "wake"  # a byte written here wakes the supervisor at once (its tick would notice within TICK anyway)
 # The phases of an attempt in one process, in order: the process started (or was handed the attempt), its imports
 # done, its process group formed, the checkpoint chosen and loaded (or none found), its first optimizer step done.
 PHASES = ("started", "imported", "group", "checkpoint", "first_step")
@@ -102,6 +106,40 @@ def make_folder(folder: str | Path) -> Path:
     path.mkdir(mode=0o700, exist_ok=True)
     path.chmod(0o700)
     return path
+
+
+def wake_reader(folder: str | Path) -> int:
+    """The supervisor's end of the channel's FIFO (made if missing): open for reading and writing, so that it never
+    reads an end of file while no trainer has it open; non-blocking."""
+    path = Path(folder) / WAKE_FIFO
+    if not path.exists():
+        os.mkfifo(path, 0o600)
+    if not stat.S_ISFIFO(path.lstat().st_mode):
+        raise ChannelError(f"{path} is not a FIFO")
+    return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+
+def wake(folder: str | Path) -> None:
+    """Wake the supervisor (a byte into its FIFO); nothing when there is none, or nobody reads it."""
+    try:
+        fd = os.open(Path(folder) / WAKE_FIFO, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no FIFO (a trainer under torchrun), or no supervisor reading it
+        return
+    try:
+        os.write(fd, b".")
+    except OSError:  # full: the supervisor has not read the last ones yet, and will tick anyway
+        pass
+    finally:
+        os.close(fd)
+
+
+def drain(fd: int) -> None:
+    """Read what the FIFO holds (the bytes say nothing but "look")."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def write(path: str | Path, value: Any) -> None:

@@ -149,6 +149,8 @@ class Hub:
         phase = self.record.phase
         if phase == Phase.RUNNING:
             self._check_running(now, wall)
+            if self.record.phase == Phase.STOPPING:  # its trainers may all have stopped already (parked, exited)
+                self._check_stopping(now, wall)
         elif phase == Phase.STOPPING:
             self._check_stopping(now, wall)
         elif phase == Phase.WAITING:
@@ -248,7 +250,7 @@ class Hub:
             self.log(f"attempt {attempt}: {words(first)}; stopping the attempt on every node")
             self._change(phase=Phase.STOPPING, first_failure=first, detected_at=wall,
                          failed_step=_step(self.progress))
-            self.phase_since = now
+            self.phase_since, self.stopped_at = now, None
 
     # -- stopping and deciding -------------------------------------------------------------------------------------
 
@@ -361,8 +363,8 @@ class Hub:
     def _note_timeline(self, node: str, timeline: NodeTimeline) -> None:
         """A member's account of its trainer in the current attempt: how it started, the phases it reached."""
         current = self.record.attempts[-1]
-        if node not in current.assignment or current.nodes.get(node) == timeline:
-            return
+        if self.record.end is not None or node not in current.assignment or current.nodes.get(node) == timeline:
+            return  # after the end, the record stays as the members last heard it
         entry = dataclasses.replace(current, nodes={**current.nodes, node: timeline})
         self._change(attempts=(*self.record.attempts[:-1], entry))
 

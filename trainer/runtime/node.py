@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.runtime import channel, layout, procs
-from trainer.runtime.channel import Join, Notice, ProcessReport, ProcState, Who
+from trainer.runtime.channel import PHASES, Join, Notice, ProcessReport, ProcState, Who
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     ATTEMPT_FIELDS,
@@ -97,7 +97,8 @@ class Node:
         self.fallback = ""  # why the current trainer will not go on in place (said at the next start)
         self.job_over = False  # the record says the job has ended
         self.reports: list[ProcessReport] = []  # the trainer's processes about themselves, as of the last poll
-        self.said_leave: set[int] = set()
+        self.reached: dict[str, float] = {}  # phase -> when every process of the current attempt had reached it
+        self.wake_fd = channel.wake_reader(channel.make_folder(self.channel))  # a trainer's report wakes the tick
 
     @property
     def running(self) -> bool:
@@ -153,6 +154,7 @@ class Node:
         self.started_attempts.add(attempt)
         self.trouble, self.stop_deadline, self.leave_deadline = None, None, None
         self.start_how, self.start_fallback, self.fallback = how, self.fallback, ""
+        self.reached = {}
         self.trainer = Trainer(attempt=attempt, state=TrainerState.RUNNING, rank=rank, pid=pid, rc=None,
                                started=time.time(), ended=None)
 
@@ -172,9 +174,9 @@ class Node:
         self.say(f"attempt {attempt}: starting {how} as node rank {rank} of {len(record.assignment)}, "
                  f"rendezvous {record.rendezvous}")
         if standby is not None:
-            channel.write(folder / channel.NOTICE_FILE, Notice(over=attempt - 1, join=join))
             self.proc, self.standby = standby, None
-            self._begin(attempt, rank, Start.STANDBY, standby.pid)
+            self._begin(attempt, rank, Start.STANDBY, standby.pid)  # started before it can read the notice
+            channel.write(folder / channel.NOTICE_FILE, Notice(over=attempt - 1, join=join))
             return
         env = self._env(str(attempt))
         if told is not None:
@@ -190,8 +192,8 @@ class Node:
                     world_urls=record.world_urls, told=attempt_told(attempt, record))
         self.say(f"attempt {attempt}: the trainer goes on in place as node rank {rank} of {len(record.assignment)}, "
                  f"rendezvous {record.rendezvous}")
+        self._begin(attempt, rank, Start.IN_PLACE, self.trainer.pid)  # started before it can read the notice
         channel.write(Path(self.channel) / channel.NOTICE_FILE, Notice(over=attempt - 1, join=join))
-        self._begin(attempt, rank, Start.IN_PLACE, self.trainer.pid)
 
     def leave(self, reason: str) -> None:
         """The trainer's attempt is over: it parks in place (told in the channel), or is stopped without restart in
@@ -245,20 +247,28 @@ class Node:
         spare = self.standby.pid if self.standby is not None else None
         return [pid for pid in procs.job_processes(self.job_dir, trainers_only=True) if pid != spare]
 
+    def _kill_trainer(self) -> None:
+        """SIGKILL to every training process of the job here (the standby's aside)."""
+        procs.signal_all(self._trainer_processes(), signal.SIGKILL)
+
     def poll(self) -> None:
         self._keep_standby()
         if not self.live or self.proc is None:
             return
         rc = self.proc.poll()
-        if rc is not None and not self._trainer_processes():
+        if rc is not None:
+            # What a trainer leaves behind when it dies (its loader workers, which notice only seconds later, or
+            # spawned workers) goes with it: its exit is news for the hub now.
+            self._kill_trainer()
             attempt = self.trainer.attempt
             self._exited(rc)
             self.say(f"attempt {attempt}: the trainer exited with status {rc}")
             return
         self.reports = [r for r in channel.processes(self.channel) if procs.belongs(r.pid, self.job_dir)]
+        self._note_phases()
         if self.stop_deadline is not None:
             if time.monotonic() >= self.stop_deadline:
-                procs.signal_all(self._trainer_processes(), signal.SIGKILL)
+                self._kill_trainer()
             return
         if self.running and self._parked():
             self.say(f"attempt {self.trainer.attempt}: the trainer left it and waits in place")
@@ -271,7 +281,7 @@ class Node:
             self._fell_back(f"its trainer did not leave its attempt within {grace:.0f} s")
             self.leave_deadline = None
             self.stop_deadline = time.monotonic()
-            procs.signal_all(self._trainer_processes(), signal.SIGKILL)
+            self._kill_trainer()
             return
         frozen = self._frozen()
         if frozen is not None and self.trouble is None and self.trainer.attempt is not None:
@@ -282,6 +292,17 @@ class Node:
             self.say(reason)
             self._fell_back("its trainer froze")
             self.stop(reason, signal.SIGKILL)  # a frozen process cannot exit cleanly
+
+    def _note_phases(self) -> None:
+        """The phases every process of the attempt has reached (kept once reached: a process that ends takes its
+        report with it)."""
+        mine = self._mine()
+        if len(mine) < self.plan.workers:
+            return
+        for phase in PHASES:
+            times = [r.phases.get(phase) for r in mine]
+            if phase not in self.reached and None not in times:
+                self.reached[phase] = max(t for t in times if t is not None)
 
     def _mine(self) -> list[ProcessReport]:
         """The reports of this attempt's training processes (those with a rank in it)."""
@@ -332,13 +353,7 @@ class Node:
         has reached it."""
         if self.trainer.attempt is None or self.trainer.started is None:
             return None
-        mine = self._mine()
-        whole = len(mine) >= self.plan.workers
-
-        def reached(phase: str) -> float | None:
-            times = [r.phases.get(phase) for r in mine]
-            return max(t for t in times if t is not None) if whole and None not in times else None
-
+        reached = self.reached.get
         return NodeTimeline(start=self.start_how, fallback=self.start_fallback, started=self.trainer.started,
                             imported=reached("imported"), group=reached("group"), checkpoint=reached("checkpoint"),
                             first_step=reached("first_step"))

@@ -11,8 +11,10 @@ parts, one asyncio loop and one thread (no locks):
                trainer has run and does not run now (the hub's next word, the job's end or its next attempt, is what
                it waits for);
     hub host   trainer.runtime.hubhost: the supervisor that is the job's hub answers with the record;
-    tick       ``Supervisor.tick``, every TICK: polls the trainer, acts on the record, writes the node's state, and
-               restarts the member's task should it have ended.
+    tick       ``Supervisor.tick``, every TICK, and at once when a child process ends, a training process reports
+               (the channel's FIFO: trainer.runtime.channel) or, on the hub, a member's trainer changed: polls the
+               trainer, acts on the record, writes the node's state, and restarts the member's task should it have
+               ended.
 
 The hub at launch is the first member (the rank-0 node). A member that has not heard its hub for the loss time stops
 its trainer (gloo cannot abort a collective that waits on a lost peer) and looks for the next hub
@@ -39,7 +41,7 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, succession, wire
+from trainer.runtime import channel, layout, nodestate, succession, wire
 from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
 from trainer.runtime.listener import Listener
@@ -76,6 +78,7 @@ class Supervisor:
         self.search_started = 0.0
         self.end: End | None = None  # how the job ended, as this node knows it
         self.done = asyncio.Event()
+        self.wake = asyncio.Event()  # tick now: a child exited, a trainer reported, a member's trainer changed
         self.news = asyncio.Event()  # this node's trainer changed (started, exited, failed): tell the hub now
         self.trainer_seen: tuple[Any, ...] = ()
         self.last_state: Any = None
@@ -87,6 +90,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             loop.add_signal_handler(sig, self.on_signal, sig)
+        loop.add_signal_handler(signal.SIGCHLD, self.wake.set)  # its trainer (or standby) ended
+        loop.add_reader(self.node.wake_fd, self.on_trainer_report)
         await self.listener.start()
         if self.hub_addr is None:
             self.become_hub(0, None)
@@ -97,9 +102,10 @@ class Supervisor:
         say(f"supervising {self.me} of job {self.plan.job} ({self.mode}; the watch listens on {self.listener.addr})")
         try:
             while not self.done.is_set():
+                self.wake.clear()
                 self.tick()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.done.wait(), TICK)
+                    await asyncio.wait_for(self.wake.wait(), TICK)
         finally:
             self.listener.close()
             self.node.kill_now()
@@ -122,6 +128,11 @@ class Supervisor:
             self.node.checkpoint_and_stop(Kind.PREEMPTED, f"the node was asked to make way ({name})")
             self.node.stop_asked = False  # a preempted node may train again in the next attempt
 
+    def on_trainer_report(self) -> None:
+        """A training process wrote its report (trainer.runtime.channel): tick now."""
+        channel.drain(self.node.wake_fd)
+        self.wake.set()
+
     def finish(self, end: End, said: bool = False) -> None:
         """The job is over for this node (``said``: the hub has logged why already)."""
         if self.end is None:
@@ -129,6 +140,7 @@ class Supervisor:
             if not said:
                 say(f"the job {end.state}: {end.reason}")
         self.done.set()
+        self.wake.set()
 
     # -- every moment ----------------------------------------------------------------------------------------------
 
@@ -221,7 +233,10 @@ class Supervisor:
             hub = self.record.hub
             return NotHub(says=Says.NOT_HUB, hub=hub, term=self.term, searching=self.mode == Mode.SEARCHING,
                           addr=self.record.directory.get(hub))
-        return self.host.answer(node, report, time.monotonic())
+        reply, news = self.host.answer(node, report, time.monotonic())
+        if news:
+            self.wake.set()  # the hub acts on a member's trainer that changed at once, not at its next tick
+        return reply
 
     # -- the hub ---------------------------------------------------------------------------------------------------
 
