@@ -50,7 +50,7 @@ from trainer.runtime.contract import CHANNEL_ENV, METRICS_FILE, STATUS_FILE
 from trainer.runtime.record import JobRecord
 
 CLUSTER = "brestart"
-EPOCHS = 12
+EPOCHS = 6
 CHECKPOINT_MINUTES = 0.1
 KILL_AFTER_S = 2.0  # after the first epoch's checkpoint
 IN_PLACE_GOAL_S = 5.0
@@ -110,6 +110,7 @@ def rank_pid(folder: Path, attempt: int, rank: int) -> int:
 
 def run_torchrun(data: Path, work: Path, kill: bool) -> Run:
     out = work / f"torchrun-{'kill' if kill else 'clean'}"
+    out.mkdir(parents=True)
     folder = channel.make_folder(out / "channel")
     cfg = torchrun_config(data, out)
     proc = subprocess.Popen(

@@ -93,9 +93,14 @@ class Job:
                    lambda: "\n".join(Path(f"/proc/{pid}/cmdline").read_text() for pid in self.processes(name)))
 
     def close(self) -> None:
-        for name in self.names:
-            self.signal(name, signal.SIGCONT)
-            self.signal(name, signal.SIGKILL)
+        """Every process of the job killed, again until none is left (a supervisor may start its standby between
+        the look and the kill)."""
+        deadline = time.monotonic() + 10
+        while any(self.processes(name) for name in self.names) and time.monotonic() < deadline:
+            for name in self.names:
+                self.signal(name, signal.SIGCONT)
+                self.signal(name, signal.SIGKILL)
+            time.sleep(0.05)
 
     # -- looking -----------------------------------------------------------------------------------------------------
 
