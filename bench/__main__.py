@@ -156,6 +156,11 @@ SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
 LONG = ("restarts",)  # whole jobs under several launchers (about 15 minutes): --quick leaves them out unless named
 
 
+def sections(quick: bool, only: list[str] | None) -> list[str]:
+    """The parts to run: those named, else every part (--quick: but the LONG ones)."""
+    return only if only is not None else [name for name in SECTIONS if not (quick and name in LONG)]
+
+
 def table(rows: list[Row]) -> str:
     lines = ["| measurement | value | baseline | ratio | goal | met |", "|---|---|---|---|---|---|"]
     for what, value, base, ratio, goal, met in rows:
@@ -170,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer clips, steps and epochs")
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=None, help="parts to run")
     args = parser.parse_args(argv)
-    if args.only is None:
-        args.only = [name for name in SECTIONS if not (args.quick and name in LONG)]
+    args.only = sections(args.quick, args.only)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows: list[Row] = []
     start, load = time.perf_counter(), os.getloadavg()[0]
@@ -182,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{os.cpu_count()} CPU cores (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after: other "
           f"work on the machine), {'quick' if args.quick else 'full'} run, {time.perf_counter() - start:.0f} s")
     return 0
-
-
 
 
 if __name__ == "__main__":
