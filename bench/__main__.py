@@ -8,7 +8,7 @@ bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline 
 vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
 (launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
-bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; about 15 minutes).
+bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; 15 to 30 minutes).
 --quick: fewer clips, steps and epochs, and no restarts section unless --only names it; without it, more of each
 (steadier ratios).
 """
@@ -153,7 +153,7 @@ SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
     "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows,
 }
-LONG = ("restarts",)  # whole jobs under several launchers (about 15 minutes): --quick leaves them out unless named
+LONG = ("restarts",)  # whole jobs under several launchers (15 to 30 minutes): --quick leaves them out unless named
 
 
 def sections(quick: bool, only: list[str] | None) -> list[str]:

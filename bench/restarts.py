@@ -1,6 +1,6 @@
 """What a restart costs, phase by phase, against torchrun's in the same run.
 
-    .venv/bin/python -m bench.restarts [--repeats N]   (root: a 2-node local cluster; about 15 minutes)
+    .venv/bin/python -m bench.restarts [--repeats N]   (root: a 2-node local cluster; 15 to 30 min)
     .venv/bin/python -m bench.restarts --faults        (root: every kind of fault on a 3-node cluster with a spare)
     .venv/bin/python -m bench --only restarts          (the comparison, as rows of the benchmark table)
 
@@ -343,7 +343,7 @@ def table(found: list[Row]) -> str:
     lines = ["| launcher | wall, no failure, s | wall, one SIGKILL, s | the kill's cost, s (vs torchrun) | "
              + " | ".join(f"{h}, s" for h in heads) + " | training again after the kill, s (vs torchrun) | "
              "steps lost (s) | how the trainers came back |",
-             "|---" * (8 + len(heads)) + "|"]
+             "|---" * (7 + len(heads)) + "|"]
     for row in found:
         cells = ["" if row.phases[s] is None else f"{row.phases[s]:.1f}" for s in STEPS]
         if row is base:
