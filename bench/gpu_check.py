@@ -1,14 +1,19 @@
-"""The GPU check's one table: this machine, what held, what was measured, and what could not be checked.
+"""The GPU check's one account: this machine, then one table of what held, what was measured and what was not checked.
 
-scripts/gpu-check.sh runs tests/trainer/test_gpu.py (pytest's JUnit XML: tests.xml) and bench/gpu_step.py
-(gpu_step.json) into OUT, each under a time limit, then
+scripts/gpu-check.sh runs tests/trainer/test_gpu.py (each test's outcome written as it ends, by the pytest plugin
+tests/trainer/_gpu_results.py: OUT/tests.jsonl) and bench/gpu_step.py (OUT/gpu_step.json, rewritten after each
+setting), each under a time limit, then
 
     python -m bench.gpu_check OUT [--stage NAME=EXIT_STATUS ...]
 
-adds the machine's facts (GPUs, driver, torch, CUDA, cuDNN, NCCL, the decoders), prints the table and writes it to
-OUT/gpu-check.md. A stage that timed out or failed before writing its file is a row of its own, and everything that
-was not checked (a skipped test, the bench on a machine without CUDA) is listed with the reason, so a short device
-window always ends with a complete account.
+prints the machine's facts (GPUs, driver, torch, CUDA, cuDNN, NCCL, the kernels the torch build has, the decoders'
+builds, what torch.compile needs) and the table, and writes both to OUT/gpu-check.md. Every GPU test and every bench
+setting is a row: passed (with its figures), failed, running when its stage's time ran out, or not checked with the
+reason (a skip, a stage that ended before reaching it, no GPU). It imports torch and nothing of the decoders (their
+versions come from the installed packages' metadata), so a decoder that does not import cannot cost the table.
+
+Exit status: 0 when nothing failed, 1 when something failed or ran out of time, 3 when no GPU is visible (every row
+is then "not checked").
 """
 
 from __future__ import annotations
@@ -18,34 +23,19 @@ import json
 import platform
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-from bench.gpu_step import MODEL, SETTINGS, describe
+from trainer.hardware import compile_problem, cuda_build, torchcodec_version
 
 TIMED_OUT = 124  # timeout(1)'s exit status
+NO_GPU_EXIT = 3
+NOT_CHECKED = "not checked"
 Row = tuple[str, str, str]  # check, result, detail
-
-
-def machine() -> list[Row]:
-    """GPUs, driver and the software stack as this Python sees it (imports that fail are facts too)."""
-    import torch
-
-    rows: list[Row] = []
-    if torch.cuda.is_available():
-        gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-        names = ", ".join(f"{p.name} (sm {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB)" for p in gpus)
-        rows.append(("GPUs", f"{len(gpus)}", f"{names}; driver {driver_version()}"))
-    else:
-        rows.append(("GPUs", "0", "torch sees no CUDA GPU"))
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
-    cudnn = torch.backends.cudnn.version() or 0  # 92400 is 9.24.0
-    rows.append(("torch", torch.__version__, f"CUDA {torch.version.cuda}, cuDNN {cudnn // 10000}.{cudnn % 10000 // 100}"
-                 f".{cudnn % 100}, NCCL {nccl}; Python {platform.python_version()}"))
-    rows.append(("torchvision", *imported_version("torchvision")))
-    rows.append(("decord", *imported_version("decord")))
-    rows.append(("torchcodec", *torchcodec_facts()))
-    return rows
+TESTS_FILE = "tests.jsonl"
+BENCH_FILE = "gpu_step.json"
 
 
 def driver_version() -> str:
@@ -53,83 +43,110 @@ def driver_version() -> str:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return "unknown (no nvidia-smi)"
+        return "unknown (nvidia-smi did not answer)"
     return out.splitlines()[0].strip() if out.strip() else "unknown"
 
 
-def imported_version(module: str) -> tuple[str, str]:
+def installed(name: str) -> str:
     try:
-        return __import__(module).__version__, ""
-    except Exception as exc:  # not installed, or built for another torch
-        return "does not import", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        version = torchcodec_version() if name == "torchcodec" else metadata.version(name)
+    except metadata.PackageNotFoundError:
+        version = ""
+    if not version:
+        return f"{name} not installed"
+    return f"{name} {version}" + (" (CUDA build)" if cuda_build(version) else "")
 
 
-def torchcodec_facts() -> tuple[str, str]:
-    from trainer.data.decoders import torchcodec_cuda_build, torchcodec_problem
+def machine(gpus: list[Any]) -> list[str]:
+    """The machine as this Python sees it, one fact per line. ``gpus``: torch's device properties."""
+    import torch
 
-    problem = torchcodec_problem()
-    if problem is not None:
-        return "cannot decode here", problem
-    import torchcodec
+    if gpus:
+        names = ", ".join(f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)" for p in gpus)
+        lines = [f"GPUs: {len(gpus)}: {names}; driver {driver_version()}"]
+    else:
+        lines = ["GPUs: none visible to torch (no driver, no CUDA build, or CUDA_VISIBLE_DEVICES hides them)"]
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if gpus else "-"
+    cudnn = torch.backends.cudnn.version() or 0  # 92400 is 9.24.0
+    archs = torch.cuda.get_arch_list() if torch.version.cuda else []
+    lines.append(f"torch {torch.__version__}: CUDA {torch.version.cuda}, cuDNN {cudnn // 10000}.{cudnn % 10000 // 100}"
+                 f".{cudnn % 100}, NCCL {nccl}, kernels for {' '.join(archs) or 'no GPU'}; "
+                 f"Python {platform.python_version()}")
+    lines.append("; ".join(installed(name) for name in ("torchvision", "decord", "torchcodec")))
+    lines.append(f"torch.compile: {compile_problem('cuda') or 'a C compiler and Python.h are here'}")
+    return lines
 
-    build = "CUDA build" if torchcodec_cuda_build() else "CPU-only build (no decoding on the GPU)"
-    return torchcodec.__version__, f"{build}; FFmpeg {torchcodec.ffmpeg_major_version}"
+
+def _events(path: Path) -> Iterator[dict[str, Any]]:
+    for line in path.read_text().splitlines():
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue  # the last line of a stage killed while writing it
 
 
-def test_rows(xml_file: Path) -> tuple[list[Row], list[str]]:
-    """(a row per GPU test, why each test that did not run was not run)."""
-    rows: list[Row] = []
-    not_checked: list[str] = []
-    for case in ET.parse(xml_file).getroot().iter("testcase"):
-        name = case.get("name", "").removeprefix("test_").replace("_", " ")
-        skipped, failure = case.find("skipped"), case.find("failure")
-        failure = case.find("error") if failure is None else failure
-        figures = {p.get("name"): p.get("value") for p in case.iter("property")}.get("figures", "")
-        if skipped is not None:
-            rows.append((name, "not checked", "see below"))
-            not_checked.append(f"{name}: {skipped.get('message', '')}")
-        elif failure is not None:
-            rows.append((name, "**FAILED**", failure.get("message", "").splitlines()[0][:300]))
+def gpu_test_rows(path: Path) -> list[Row]:
+    """A row per collected GPU test, from the outcomes written as each ended (tests/trainer/_gpu_results.py)."""
+    collected: list[str] = []
+    started: set[str] = set()
+    ended: dict[str, dict[str, Any]] = {}
+    for event in _events(path):
+        collected += event.get("collected", [])
+        started.update([event["started"]] if "started" in event else [])
+        ended.update({event["ended"]: event} if "ended" in event else {})
+    rows = []
+    for test in collected:
+        name = test.split("::", 1)[-1].removeprefix("test_").replace("_", " ")
+        end = ended.get(test)
+        if end is None:
+            rows.append((name, "**TIMED OUT**", "was running when the stage's time ran out") if test in started
+                        else (name, NOT_CHECKED, "the stage ended before it started"))
+        elif end["outcome"] == "skipped":
+            rows.append((name, NOT_CHECKED, end["message"]))
+        elif end["outcome"] == "failed":
+            rows.append((name, "**FAILED**", end["message"]))
         else:
-            rows.append((name, "passed", f"{float(case.get('time', 0)):.0f} s; {figures}" if figures else
-                         f"{float(case.get('time', 0)):.0f} s"))
-    return rows, not_checked
+            rows.append((name, "passed", f"{end['seconds']:.0f} s" + (f"; {end['figures']}" if end["figures"] else "")))
+    return rows
 
 
-def bench_rows(json_file: Path) -> tuple[list[Row], list[str]]:
-    result = json.loads(json_file.read_text())
-    if "skipped" in result:
-        return [], [f"{MODEL} step times (bench/gpu_step.py): {result['skipped']}"]
+def describe(m: dict[str, Any], base: dict[str, Any]) -> tuple[str, str]:
+    """(result, detail) of one bench/gpu_step.py setting, its speed-up over ``base``: as every table shows it."""
+    if "skipped" in m:
+        return NOT_CHECKED, m["skipped"]
+    speedup = f" ({base['step_s'] / m['step_s']:.2f}x)" if "step_s" in base else ""
+    return (f"step {1000 * m['step_s']:.1f} ms{speedup}",
+            f"data wait {100 * m['data_wait']:.1f}%, peak {m['peak_gib']:.1f} GiB")
+
+
+def bench_rows(path: Path) -> list[Row]:
+    """A row per bench/gpu_step.py setting: measured, skipped with the reason, or not reached."""
+    result = json.loads(path.read_text())
     rows = result["rows"]
-    measured = [(f"{MODEL} step: {row['setting']}", *describe(row, rows[0])) for row in rows]
-    unmeasured = [f"{MODEL} step: {name}: not measured (the bench ended first)" for name, _, _ in SETTINGS[len(rows):]]
-    return measured, unmeasured
+    measured = [(f"{result['model']} step: {row['setting']}", *describe(row, rows[0])) for row in rows]
+    why = result.get("skipped", "not measured: the bench ended first")
+    return measured + [(f"{result['model']} step: {name}", NOT_CHECKED, why) for name in result["settings"][len(rows):]]
 
 
-def stage_rows(out: Path, stages: dict[str, int]) -> tuple[list[Row], list[str]]:
-    """The GPU tests and the bench: their rows, or why there are none."""
+def stage_rows(out: Path, stages: dict[str, int]) -> list[Row]:
+    """The GPU tests and the bench: their rows, and a row for a stage that timed out or ended abnormally."""
     rows: list[Row] = []
-    not_checked: list[str] = []
-    for stage, (file, read) in {"tests": ("tests.xml", test_rows), "bench": ("gpu_step.json", bench_rows)}.items():
+    for stage, (file, read) in {"tests": (TESTS_FILE, gpu_test_rows), "bench": (BENCH_FILE, bench_rows)}.items():
         status = stages.get(stage)
         if status == TIMED_OUT:
-            rows.append((f"{stage} stage", "**TIMED OUT**", f"its time limit ran out; the log is in {out}/{stage}.log"))
+            rows.append((f"{stage} stage", "**TIMED OUT**", f"its time limit ran out; the log is {out}/{stage}.log"))
         elif status not in (None, 0) and not (stage == "tests" and status == 1):  # pytest: 1 = some test failed
             rows.append((f"{stage} stage", f"**exit status {status}**", f"see {out}/{stage}.log"))
         if (out / file).is_file():
-            found, missing = read(out / file)
-            rows += found
-            not_checked += missing
+            rows += read(out / file)
         else:
-            not_checked.append(f"{stage}: no results ({out / file} was not written)")
-    return rows, not_checked
+            rows.append((f"{stage} stage", NOT_CHECKED, f"no results ({out / file} was not written)"))
+    return rows
 
 
-def table(rows: list[Row], not_checked: list[str]) -> str:
-    lines = ["| check | result | detail |", "|---|---|---|"]
+def account(facts: list[str], rows: list[Row]) -> str:
+    lines = [f"- {fact}" for fact in facts] + ["", "| check | result | detail |", "|---|---|---|"]
     lines += [f"| {check} | {result} | {detail.replace('|', '/')} |" for check, result, detail in rows]
-    lines += ["", "Not checked here:" if not_checked else "Everything was checked."]
-    lines += [f"- {reason}" for reason in not_checked]
     return "\n".join(lines) + "\n"
 
 
@@ -140,12 +157,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="a stage's exit status (tests, bench), as scripts/gpu-check.sh saw it")
     args = parser.parse_args(argv)
     stages = {name: int(status) for name, status in (item.split("=", 1) for item in args.stage)}
-    found, not_checked = stage_rows(args.out, stages)
-    text = table(machine() + found, not_checked)
+    import torch
+
+    gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    rows = stage_rows(args.out, stages)
+    text = account(machine(gpus), rows)
     (args.out / "gpu-check.md").write_text(text)
     print(text, end="")
-    failed = any(result.startswith("**") for _, result, _ in found)
-    return 1 if failed else 0
+    if not gpus:
+        print("gpu-check: no GPU is visible here, so nothing was checked", file=sys.stderr)
+        return NO_GPU_EXIT
+    return 1 if any(result.startswith("**") for _, result, _ in rows) else 0
 
 
 if __name__ == "__main__":

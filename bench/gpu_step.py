@@ -8,8 +8,9 @@ loader (uint8 regions, pinned; crops made and normalised on the GPU, inside the 
 DDP-free (one process). Rows: the plain
 float32 step; then AMP auto (bf16 where the GPU has it), channels_last_3d, cudnn.benchmark; then the same with
 torch.compile. Data: Kinetics-like videos made here (bench/decoders.py) unless --videos names a folder of .mp4
-files. Needs CUDA: on a machine without a GPU it says so and exits 0 (python -m bench shows it as skipped). --json
-also writes the rows (scripts/gpu-check.sh puts them in its table).
+files. Needs CUDA: on a machine without a GPU it says so and exits 0 (python -m bench shows it as skipped); the
+compiled row is not measured, saying why, on a node without what torch.compile needs (trainer.hardware). --json also
+writes the rows after each one (scripts/gpu-check.sh puts them in its table).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.gpu_check import describe
 from bench.loader import kinetics_like, loader_config
 from trainer.accel import amp_dtype, autocast, clip_normalizer, configure_backends, prepare_model, wrap_ddp
 from trainer.config import Config
 from trainer.data import build_dataset, build_loader
 from trainer.data.loader import set_loader_epoch
 from trainer.distributed import single_process_context
+from trainer.hardware import compile_problem
 from trainer.models import build_model
 
 MODEL = "slowfast_8x8_resnet50"
@@ -94,27 +97,27 @@ SETTINGS = (("float32, no levers", False, False),
 
 
 def measured(steps: int = 30, batch: int = 8, workers: int = 8,
-             videos: Path | None = None) -> Iterator[tuple[str, Any]]:
-    """Rows (setting, measurement), each as soon as it is measured; raises RuntimeError(NEEDS_CUDA) without a GPU."""
+             videos: Path | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Rows (setting, measurement), each as soon as it is measured; a compiled setting on a node without what
+    torch.compile needs is ``{"skipped": why}``. Raises RuntimeError(NEEDS_CUDA) without a GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError(NEEDS_CUDA)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         paths = sorted(map(str, videos.glob("*.mp4"))) if videos else kinetics_like(root, 4)
         for name, on, compiled in SETTINGS:
+            problem = compile_problem("cuda") if compiled else None
+            if problem is not None:
+                yield name, {"skipped": f"compile: not measured, {problem.split(': ', 1)[1]}"}
+                continue
             cfg = loader_config(root, paths, max(64, batch * (steps + 6)), workers)
             cfg.CONFIG.TRAIN.BATCH_SIZE = batch
             yield name, measure(levers(cfg, on, compiled), steps)
 
 
-def run(steps: int = 30, batch: int = 8, workers: int = 8, videos: Path | None = None) -> list[tuple[str, Any]]:
+def run(steps: int = 30, batch: int = 8, workers: int = 8,
+        videos: Path | None = None) -> list[tuple[str, dict[str, Any]]]:
     return list(measured(steps, batch, workers, videos))
-
-
-def describe(m: dict[str, Any], base: dict[str, Any]) -> tuple[str, str]:
-    """(step time with its speed-up over ``base``, data wait and peak memory) of one row, as every table shows it."""
-    return (f"step {1000 * m['step_s']:.1f} ms ({base['step_s'] / m['step_s']:.2f}x)",
-            f"data wait {100 * m['data_wait']:.1f}%, peak {m['peak_gib']:.1f} GiB")
 
 
 def main() -> None:
@@ -125,21 +128,21 @@ def main() -> None:
     parser.add_argument("--videos", type=Path, default=None, help="folder of .mp4 files to read instead")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args()
-    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"model": MODEL, "settings": [name for name, _, _ in SETTINGS], "rows": []}
     try:
         for name, m in measured(args.steps, args.batch, args.workers, args.videos):
-            if not rows:
+            if not result["rows"]:
                 print(f"{MODEL}, batch {args.batch}, 32x224x224 clips, {torch.cuda.get_device_name()}")
-            rows.append({"setting": name, **m})
-            print(f"  {name:<52} " + "  ".join(describe(m, rows[0])), flush=True)
+            result["rows"].append({"setting": name, **m})
+            print(f"  {name:<52} " + "  ".join(describe(m, result["rows"][0])), flush=True)
             if args.json:  # after each setting: a run cut short keeps what it measured
-                args.json.write_text(json.dumps({"rows": rows}))
+                args.json.write_text(json.dumps(result))
     except RuntimeError as exc:
         if str(exc) != NEEDS_CUDA:
             raise
         print(f"bench.gpu_step: {NEEDS_CUDA}")
         if args.json:
-            args.json.write_text(json.dumps({"skipped": NEEDS_CUDA}))
+            args.json.write_text(json.dumps({**result, "skipped": NEEDS_CUDA}))
 
 
 if __name__ == "__main__":

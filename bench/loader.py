@@ -160,10 +160,13 @@ def run(quick: bool, workers: int = 2) -> dict[str, Any]:
         cfg = loader_config(root, paths, clips, 0)
         dataset, cpu_node = gpu_node_dataset(cfg), build_dataset(cfg, "train")
         cpu_node.crop_on_device = False
+        cfg.CONFIG.DATA.DECODE_TIME_LIMIT = 0.0  # decoded in this process, not in its helper
+        unlimited = gpu_node_dataset(cfg)
         spec = dataset.spec
         rates = interleaved_rates({
             "decode": lambda i: decode_only(paths[i % len(paths)], i),
             "item": lambda i: dataset[(i, 0)],
+            "item_no_limit": lambda i: unlimited[(i, 0)],
             "item_cpu_node": lambda i: cpu_node[(i, 0)],
             "item_before": lambda i: made_in_the_worker(dataset[(i, 0)], spec.mean, spec.std),
         }, clips, rounds)

@@ -11,9 +11,12 @@ VENV="$ROOT/.venv"
 # ffmpeg: synthetic H.264 videos, the tests' HEVC/VP9/AV1 videos (Debian's build has libx265, libvpx
 # and libaom) and the FFmpeg shared libraries torchcodec loads; python3-venv: Debian's interpreter,
 # which the cluster's non-root login user can execute (unlike a Python under /root); rsync: playbooks/stage-data.yml
-# copies datasets with it (the local test nodes run this machine's binaries).
+# copies datasets with it (the local test nodes run this machine's binaries); nftables, iptables, sudo: the host firewall
+# of setup-cluster.yml -e firewall=true on the local test nodes (either tool, as a Debian node has it; sudo for become,
+# granted only inside the nodes made with local-cluster.yml -e sudo=true), and the cluster tests' rule that closes a
+# test node's ports in its namespace (tests/cluster/conftest.py: closed_ports).
 APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates
-  rsync)
+  rsync nftables iptables sudo)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

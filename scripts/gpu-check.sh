@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, for a short device window: the GPU tests (tests/trainer/test_gpu.py: nccl training, AMP,
-# SyncBatchNorm, crops and decoding on the GPU, channels_last and torch.compile) and bench/gpu_step.py (SlowFast 8x8
+# SyncBatchNorm, crops and decoding on the GPU, channels_last, torch.compile) and bench/gpu_step.py (SlowFast 8x8
 # step time, data-wait share and peak memory with the levers off, on and compiled) on the GPUs it sees, each stage
 # under a time limit (tests 210 s, bench 180 s: under 8 minutes in all with the set-up; GPU_CHECK_TESTS_S and
-# GPU_CHECK_BENCH_S change them), then one table of the machine, what held, what was measured and what could not be
-# checked: printed, and written to OUT/gpu-check.md with the logs and raw results.
+# GPU_CHECK_BENCH_S change them), then the machine's facts and one table of what held, what was measured and what was
+# not checked (bench/gpu_check.py): printed, and written to OUT/gpu-check.md with the logs and raw results. Each test's
+# outcome and each bench setting is written as it ends, so a stage that runs out of time keeps what it got.
 #   bash scripts/gpu-check.sh OUT
 # Where:
 #   - a GPU node set up as the README says (scripts/bootstrap.sh --dev): the repository's .venv;
@@ -12,7 +13,8 @@
 #     .gpu-bundle/ (scripts/gpu-bundle.sh, run beforehand elsewhere), put beside the image's packages for this run
 #     only (a temporary folder on PYTHONPATH; nothing of the image changes). GPU_CHECK_PYTHON names its Python
 #     (default python3; setting it also chooses this way where a .venv exists).
-# Exit status: 0 when nothing failed (a check that could not run is listed, not failed), 1 otherwise.
+# Exit status: 0 when nothing failed (a check that could not run is listed, not failed), 1 when something failed or
+# ran out of time, 2 when the check could not start, 3 when no GPU is visible (every row then says "not checked").
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TESTS_LIMIT_S=${GPU_CHECK_TESTS_S:-210}
@@ -49,9 +51,13 @@ else
 fi
 
 cd "$ROOT" || exit 2
+rm -f "$OUT/tests.jsonl" "$OUT/gpu_step.json" "$OUT/gpu-check.md"  # a result of an earlier run is not this one's
+gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null) ||
+  die "$PYTHON cannot import torch"
+[ "$gpus" -gt 0 ] || echo "gpu-check: no GPU is visible here: every check will be listed as not checked"
 echo "gpu-check: GPU tests (at most $TESTS_LIMIT_S s; log $OUT/tests.log)"
-timeout --kill-after=10 "$TESTS_LIMIT_S" "$PYTHON" -m pytest -p no:cacheprovider -n 0 -rs -o junit_family=xunit1 \
-  --junitxml="$OUT/tests.xml" tests/trainer/test_gpu.py > "$OUT/tests.log" 2>&1
+timeout --kill-after=10 "$TESTS_LIMIT_S" "$PYTHON" -m pytest -p no:cacheprovider -n 0 -rs \
+  -p tests.trainer._gpu_results --gpu-results "$OUT/tests.jsonl" tests/trainer/test_gpu.py > "$OUT/tests.log" 2>&1
 tests=$?
 echo "gpu-check: bench/gpu_step.py (at most $BENCH_LIMIT_S s; log $OUT/bench.log)"
 timeout --kill-after=10 "$BENCH_LIMIT_S" "$PYTHON" -m bench.gpu_step --steps "$BENCH_STEPS" \

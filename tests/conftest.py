@@ -26,6 +26,11 @@ ALL_GPUS = "all"  # CUDA_VISIBLE_DEVICES was not set
 os.environ.setdefault(GPUS_ENV, os.environ.get("CUDA_VISIBLE_DEVICES", ALL_GPUS))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# Importing ansible (the launcher plugins' tests do) replaces sys.intern with a wrapper object (ansible-core 2.19),
+# and torch._dynamo, which torchvision imports, then refuses to load. The suite holds both in one process, so
+# torch's side loads first, here. (The launcher's own processes never import torch.)
+import torch._dynamo  # noqa: E402, F401
+
 
 def xdist_group(item: pytest.Item) -> str | None:
     """The worker group of a test: the tests that must run on one worker, in order, share one."""

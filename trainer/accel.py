@@ -5,7 +5,7 @@ The CONFIG.TRAIN keys, and what they do where:
 | key | CUDA | CPU |
 |---|---|---|
 | AMP auto (default) | bf16 autocast where the GPU has bf16 (compute capability 8.0+), else float32 | float32 |
-| AMP bf16 / fp16 / off | that autocast (fp16 with a gradient scaler) / float32 | float32 |
+| AMP bf16 / fp16 / off | that autocast (fp16 with a gradient scaler; bf16 refused before 8.0) / float32 | float32 |
 | CHANNELS_LAST | model and clips in channels_last_3d order | the same (results equal to float tolerance) |
 | COMPILE | torch.compile of the training model (DDP-aware: compiled after wrapping) | the same (inductor, C++) |
 | CUDNN_BENCHMARK | cudnn.benchmark: per-shape algorithm search | no cuDNN: nothing to tune |
@@ -13,11 +13,12 @@ The CONFIG.TRAIN keys, and what they do where:
 
 DDP always uses ``gradient_as_bucket_view`` (gradients live in the all-reduce buckets: no copy, less memory) and
 ``static_graph`` (DDP records the first iteration's graph and skips the per-iteration search for unused parameters)
-unless some parameters may go unused in a forward (FIND_UNUSED_PARAMETERS, or a model that says so) or gradients
-accumulate (ACCUM_STEPS > 1: DDP's static graph does not support ``no_sync``). It does not broadcast rank 0's
-buffers (BatchNorm running statistics) before every forward, a collective per step: training never reads them, and
-the trainer broadcasts them once after each epoch (distributed.broadcast_buffers), before anything does; rank 0's
-statistics evolve the same either way, so the result is the same.
+unless some parameters may go unused in a forward (FIND_UNUSED_PARAMETERS, or a model that says so), gradients
+accumulate (ACCUM_STEPS > 1: DDP's static graph does not support ``no_sync``) or the model is compiled (COMPILE:
+TorchDynamo's DDP optimizer splits the graph at bucket boundaries, which DDP's static graph does not support).
+It does not broadcast rank 0's buffers (BatchNorm running statistics) before every forward, a collective per step:
+training never reads them, and the trainer broadcasts them once after each epoch (distributed.broadcast_buffers),
+before anything does; rank 0's statistics evolve the same either way, so the result is the same.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
             model,
             device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             find_unused_parameters=find_unused,
-            static_graph=not find_unused and train.ACCUM_STEPS == 1,
+            static_graph=not find_unused and train.ACCUM_STEPS == 1 and not train.COMPILE,
             gradient_as_bucket_view=True,
             bucket_cap_mb=train.DDP_BUCKET_CAP_MB,
             **DDP_NO_FORWARD_BUFFER_SYNC,  # rank 0's BatchNorm statistics reach every rank after each epoch instead

@@ -14,6 +14,7 @@ A checkpoint is a plain dict of tensors, numbers and strings, so it loads with `
 * ``epoch`` (epochs completed), ``step``, ``best_top1``, ``metrics``: where the run is;
 * ``config``: rank 0's resolved config as YAML text;
 * ``inference``: what predicting needs on any machine with only this file (:func:`inference_info`);
+* ``bad_videos``: [[path, reason], ...], the run's bad videos so far (trainer.bad_videos);
 * ``progress``, mid-epoch only: where the epoch stands (trainer.resume.EpochProgress: batches done, every rank's RNG
   states and partial sums).
 
@@ -103,10 +104,11 @@ def clip_spec(inference: dict[str, Any]) -> ClipSpec:
 
 def build_checkpoint(
     model: nn.Module, state: Any, *, epoch: int, best_top1: float, config_yaml: str, metrics: dict[str, Any],
-    inference: dict[str, Any], progress: dict[str, Any] | None = None,
+    inference: dict[str, Any], bad_videos: list[list[str]], progress: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint dict (``state``: the run's trainer.engine.TrainState; ``progress``: a mid-epoch checkpoint's
-    trainer.resume.EpochProgress record). It refers to the live tensors: ``cpu_copy`` it before training goes on."""
+    """The checkpoint dict (``state``: the run's trainer.engine.TrainState; ``bad_videos``: the run's record up to
+    the last epoch, trainer.bad_videos; ``progress``: a mid-epoch checkpoint's trainer.resume.EpochProgress record).
+    It refers to the live tensors: ``cpu_copy`` it before training goes on."""
     ckpt = {
         "model": model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
@@ -118,6 +120,7 @@ def build_checkpoint(
         "config": config_yaml,
         "metrics": metrics,
         "inference": inference,
+        "bad_videos": bad_videos,
     }
     if progress is not None:
         ckpt["progress"] = progress

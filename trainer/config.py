@@ -291,12 +291,16 @@ class TrainConfig(_Section):
     AMP: Literal["auto", "off", "bf16", "fp16"] = Field(
         "auto",
         description="Mixed precision on CUDA: auto = bf16 where the GPU supports it (Ampere and newer), else off; "
-        "fp16 adds a grad scaler. CPUs always train in float32.",
+        "fp16 adds a grad scaler; bf16 on an older GPU (V100, T4) is refused on the node. CPUs always train in "
+        "float32.",
     )
     CHANNELS_LAST: bool = Field(
         False, description="Model and clips in channels_last_3d memory order (faster 3D convs on recent GPUs)."
     )
-    COMPILE: bool = Field(False, description="torch.compile the training model (the first steps compile).")
+    COMPILE: bool = Field(
+        False, description="torch.compile the training model (the first steps compile; needs a C/C++ compiler and "
+        "Python.h on the node, checked before the launch). DDP then runs without static_graph."
+    )
     CUDNN_BENCHMARK: bool = Field(
         True, description="Let cuDNN time its convolution algorithms per input shape and keep the fastest (CUDA)."
     )
@@ -452,8 +456,18 @@ class DataConfig(_Section):
     )
     DECODER_DEVICE: Literal["cpu", "cuda"] = Field(
         "cpu",
-        description="Where torchcodec decodes: cuda = this process's GPU (NVDEC; needs DECODER torchcodec and "
-        "NUM_WORKERS 0), on the CPU with a warning when there is no GPU or torchcodec is a CPU-only build.",
+        description="Where torchcodec decodes: cuda = this process's GPU (NVDEC; needs DECODER torchcodec, "
+        "NUM_WORKERS 0 and torchcodec's CUDA build: a CPU-only build is refused), on the CPU with a warning when no "
+        "GPU is visible.",
+    )
+    DECODE_TIME_LIMIT: float = Field(
+        60.0,
+        ge=0,
+        strict=False,  # YAML's 60 is an int
+        description="Seconds one clip may take to decode on the CPU: a decoder that hangs or crashes on a file is "
+        "abandoned and the video counted bad ('decoding took longer than N s'), and not decoded again; 0 = no "
+        "limit (decoding then runs in the loading process itself). Below DDP_CONFIG.TIMEOUT_SECONDS. GPU decoding "
+        "(DECODER_DEVICE cuda) runs without it.",
     )
 
     @field_validator("MEAN", "STD")
@@ -487,6 +501,11 @@ class DataConfig(_Section):
     def _problem(self) -> tuple[str, str] | None:
         if self.NUM_WORKERS == 0 and _changed(self, "PREFETCH_FACTOR"):
             return "PREFETCH_FACTOR", "only DataLoader workers prefetch; set NUM_WORKERS > 0 or remove it"
+        if self.DECODER_DEVICE == "cuda" and _changed(self, "DECODE_TIME_LIMIT") and self.DECODE_TIME_LIMIT > 0:
+            return "DECODE_TIME_LIMIT", (
+                "only applies to CPU decoding (a decoder on the GPU runs in the training process, where a hung one "
+                "cannot be abandoned); remove it or set DECODER_DEVICE: cpu"
+            )
         if self.TEST_CROP_SIZE > self.SHORT_SIDE_SIZE:
             return "TEST_CROP_SIZE", (
                 f"is {self.TEST_CROP_SIZE}, larger than SHORT_SIDE_SIZE {self.SHORT_SIDE_SIZE}, so test crops would "
@@ -694,6 +713,16 @@ class Config(_Section):
     DDP_CONFIG: DDPConfig = Field(default_factory=DDPConfig, description="Nodes, ranks and rendezvous (GluonCV keys).")
     CONFIG: TrainingConfig = Field(default_factory=TrainingConfig, description="Training, data, model and logging.")
 
+    def _problem(self) -> tuple[str, str] | None:
+        limit, timeout = self.CONFIG.DATA.DECODE_TIME_LIMIT, self.DDP_CONFIG.TIMEOUT_SECONDS
+        if limit >= timeout:
+            # A rank waiting that long for a clip would leave its peers in a collective until they give up.
+            return "CONFIG.DATA.DECODE_TIME_LIMIT", (
+                f"is {limit:g} s, not below DDP_CONFIG.TIMEOUT_SECONDS ({timeout} s): a rank decoding a hung video "
+                "that long would make its peers' collectives time out; lower it or raise TIMEOUT_SECONDS"
+            )
+        return None
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Error messages
@@ -817,8 +846,13 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
 
 def check_runtime(cfg: Config) -> None:
     """Checks that need this machine, not only the file: a distributed nccl run needs a visible GPU, so does a
-    distributed SYNC_BN (SyncBatchNorm works on GPU modules only), and DECODER torchcodec or auto needs a torchcodec
-    that loads FFmpeg's libraries."""
+    distributed SYNC_BN (SyncBatchNorm works on GPU modules only), DECODER torchcodec or auto needs a torchcodec
+    that loads FFmpeg's libraries, and AMP bf16, COMPILE and DECODER_DEVICE cuda need what trainer.hardware says."""
+    from trainer.hardware import check_config  # imports torch where a rule needs it: only on a node
+
+    problems = check_config(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
     decoder = cfg.CONFIG.DATA.DECODER
     if decoder != "decord":
         from trainer.data.decoders import torchcodec_problem  # imports torch and decord: only on a node

@@ -385,6 +385,27 @@ def _init_group(ctx: DistContext, plan: _Plan) -> None:
         ) from exc
 
 
+@contextlib.contextmanager
+def _torchrun_env(ctx: DistContext) -> Iterator[None]:
+    """While a worker runs, its place in the environment as torchrun exports it (RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT): libraries the worker uses read them. Put back after a
+    worker that ran in this process, so a later launch here does not take them for torchrun's."""
+    url = urllib.parse.urlsplit(ctx.dist_url)
+    values = {"RANK": ctx.rank, "LOCAL_RANK": ctx.local_rank, "WORLD_SIZE": ctx.world_size,
+              "LOCAL_WORLD_SIZE": ctx.local_world_size, "GROUP_RANK": ctx.node_rank, "MASTER_ADDR": url.hostname,
+              "MASTER_PORT": url.port}
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: str(value) for name, value in values.items()})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _run_worker(
     ctx: DistContext, plan: _Plan, worker_fn: WorkerFn, cfg: Config, failure_file: Path | None = None
 ) -> None:
@@ -440,7 +461,9 @@ def _spawned(local_rank: int, plan: _Plan, worker_fn: WorkerFn, cfg: Config, fai
         # N CPU workers share the cores; torch would otherwise start one thread per core in each of them.
         torch.set_num_threads(thread_budget(plan.per_node))
     try:
-        _run_worker(plan.context(local_rank), plan, worker_fn, cfg, Path(failures) / str(local_rank))
+        ctx = plan.context(local_rank)
+        with _torchrun_env(ctx):
+            _run_worker(ctx, plan, worker_fn, cfg, Path(failures) / str(local_rank))
     except Preempted as exc:
         # The worker ends normally (spawn would kill its peers, which may still be writing their checkpoint copy);
         # the launcher raises Preempted once all have ended.
@@ -531,7 +554,10 @@ def launch(worker_fn: WorkerFn, cfg: Config, local_rank: int | None = None) -> N
     check_runtime(cfg)
     cfg = _fix_run_name(cfg)
     if not cfg.DDP_CONFIG.DISTRIBUTED:
-        worker_fn(single_process_context(cfg), cfg)
+        ctx = single_process_context(cfg)
+        if ctx.device.type == "cuda":  # as a worker does: allocations without a device (a snapshot's copies) go there
+            torch.cuda.set_device(ctx.device)
+        worker_fn(ctx, cfg)
         return
     if all(name in os.environ for name in _TORCHRUN_ENV):
         plan, rank, world, env_local = _env_plan(cfg)
@@ -544,12 +570,12 @@ def launch(worker_fn: WorkerFn, cfg: Config, local_rank: int | None = None) -> N
         return
     plan = _node_plan(cfg)
     _choose_interface(plan)
-    if local_rank is not None:
-        if not 0 <= local_rank < plan.per_node:
+    if local_rank is not None or plan.per_node == 1:  # one worker here: no need for a child process
+        if not 0 <= (local_rank or 0) < plan.per_node:
             raise DistributedError(f"--local-rank {local_rank} is not below the {plan.per_node} workers of this node")
-        _run_worker(plan.context(local_rank), plan, worker_fn, cfg)
-    elif plan.per_node == 1:
-        _run_worker(plan.context(0), plan, worker_fn, cfg)  # one worker: no need for a child process
+        ctx = plan.context(local_rank or 0)
+        with _torchrun_env(ctx):
+            _run_worker(ctx, plan, worker_fn, cfg)
     else:
         _spawn(plan, worker_fn, cfg)
 
@@ -572,6 +598,15 @@ def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     if _active():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
+
+
+def any_rank(flag: bool, ctx: DistContext) -> bool:
+    """True on every rank when ``flag`` is True on any rank: one all-reduce, so every rank calls it at the same
+    point (a rank that skips a collective its peers run makes them wait until the timeout)."""
+    if not _active():
+        return flag
+    votes = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    return all_reduce_sum(votes).item() > 0
 
 
 def host_group() -> dist.ProcessGroup | None:

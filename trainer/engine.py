@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.accel import autocast, clip_normalizer, ddp_module
 from trainer.config import Config
 from trainer.data.transforms import ClipNormalizer
-from trainer.distributed import DistContext, all_gather_object, all_reduce_sum
+from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, any_rank
 from trainer.reporting import Reporter, progress
 
 log = logging.getLogger("trainer")
@@ -108,12 +108,12 @@ def _placeholder_input(cfg: Config, normalizer: ClipNormalizer) -> torch.Tensor:
 
 def _forward_loss(
     model: nn.Module, batch: dict[str, Any], criterion: nn.Module, cfg: Config, ctx: DistContext,
-    normalizer: ClipNormalizer,
+    normalizer: ClipNormalizer, placeholder: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(loss, logits, labels on the device) of a batch. A batch whose every video was bad still runs a zero-loss
-    forward/backward: DDP needs each rank to take part in every gradient all-reduce, or the others would wait
-    forever."""
-    if len(batch["label"]) == 0:
+    """(loss, logits, labels on the device) of a batch, or with ``placeholder`` (a batch whose every video was bad)
+    a zero-loss forward/backward in eval mode: DDP needs each rank to take part in every gradient all-reduce, or the
+    others would wait forever."""
+    if placeholder:
         model.eval()  # keep BatchNorm running stats clean of the placeholder
         loss = model(_placeholder_input(cfg, normalizer)).sum() * 0.0
         model.train()
@@ -136,14 +136,22 @@ def train_one_epoch(
     criterion = nn.CrossEntropyLoss(label_smoothing=train.LABEL_SMOOTHING)
     normalizer = clip_normalizer(cfg, ctx)
     step_clips = 0
+    # SYNC_BN's SyncBatchNorm runs collectives in a training forward and none in eval mode (the placeholder's): a
+    # batch with no good video on any rank is a placeholder step on every rank, or the others would wait in theirs.
+    syncs_batchnorm = ctx.distributed and train.SYNC_BN
     state.optimizer.zero_grad(set_to_none=True)
     batches = _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}", tally.batches)
     for batch, last, end, sync in batches:
         tally.batches += 1
         tally.bad.extend(batch["bad"])
         tally.fallback.extend(batch["fallback"])
+        empty = len(batch["label"]) == 0
+        placeholder = any_rank(empty, ctx) if syncs_batchnorm else empty
+        if placeholder and not empty:
+            log.warning("rank %d skips a batch of %d clips: another rank's batch had no video it could read, and "
+                        "SyncBatchNorm needs every rank in each step", ctx.rank, len(batch["label"]))
         with sync:
-            loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer)
+            loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer, placeholder)
             state.scaler.scale(loss / train.ACCUM_STEPS).backward()
         if logits is not None:
             n = len(labels)

@@ -16,7 +16,9 @@ experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "
 {max_restarts, node_wait, in_place}, "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...],
 "spares": [...]}``;
 a node is ``{"name", "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0
-hosts the rendezvous); spares train only when one replaces a lost node. Paths in the config are made absolute for
+hosts the rendezvous); spares train only when one replaces a lost node. The description is strict: a key it does not
+know (at the top or nested, e.g. ``watch.heartbeat_timout``), a value of the wrong kind or a node name that is not
+one folder name is refused in one line naming it. Paths in the config are made absolute for
 each node: "~" and relative paths are in that node's home.
 
 Where the run goes: the config's LOG.BASE_PATH/EXP_NAME, on each node (rank 0 writes it; node rank 1 keeps a copy of
@@ -29,10 +31,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import json
 import posixpath
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,71 @@ WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_gra
 RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0, "in_place": True}
 
 
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("an integer")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError("a number")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("a string")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("true or false")
+    return value
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError("an object")
+    return value
+
+
+def _devices(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise TypeError("a list of device ids or null")
+    return tuple(_integer(device) for device in value)
+
+
+def _fields(data: Any, schema: Mapping[str, Callable[[Any], Any]], where: str,
+            required: Sequence[str] = ()) -> dict[str, Any]:
+    """``data`` checked against ``schema`` (key -> converter): an unknown, misspelled or missing key, or a value of
+    the wrong kind, is a ConfigError naming it (``where``: the dotted place, "" at the top)."""
+    name = (lambda key: f"{where}.{key}") if where else str
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"job description: {where or 'the description'} must be an object, "
+                          f"not {type(data).__name__}")
+    for key in data:
+        if key not in schema:
+            close = difflib.get_close_matches(str(key), list(schema), n=1)
+            hint = f" (did you mean {name(close[0])}?)" if close else f" (known: {', '.join(schema)})"
+            raise ConfigError(f"job description: unknown key {name(key)}{hint}")
+    missing = [name(key) for key in required if key not in data]
+    if missing:
+        raise ConfigError(f"job description: missing {', '.join(missing)}")
+    checked = {}
+    for key, value in data.items():
+        try:
+            checked[key] = schema[key](value)
+        except ConfigError:
+            raise  # a nested object's own message
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"job description: {name(key)} must be {exc}, not {value!r}") from None
+    return checked
+
+
 @dataclass(frozen=True)
 class NodeFacts:
     """What the launcher knows of a node: its name, cluster address, GPU count (and device ids, when the inventory
@@ -71,14 +139,31 @@ class NodeFacts:
     devices: tuple[int, ...] | None = None
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> NodeFacts:
-        devices = data.get("devices")
-        return cls(str(data["name"]), str(data["ip"]), int(data["gpus"]), str(data["home"]), str(data.get("iface", "")),
-                   None if devices is None else tuple(int(d) for d in devices))
+    def from_json(cls, data: Any, where: str) -> NodeFacts:
+        schema = {"name": _text, "ip": _text, "gpus": _integer, "home": _text, "iface": _text, "devices": _devices}
+        node = cls(**_fields(data, schema, where, required=("name", "ip", "gpus", "home")))
+        if not layout.valid_job_id(node.name):  # it names a folder on every node, as a job id does
+            raise ConfigError(f"job description: {where}.name {node.name!r}: use {layout.JOB_ID_CHARS}")
+        return node
 
     @property
     def device_ids(self) -> tuple[int, ...]:
         return self.devices if self.devices is not None else tuple(range(self.gpus))
+
+
+def _node_list(where: str) -> Callable[[Any], tuple[NodeFacts, ...]]:
+    def convert(value: Any) -> tuple[NodeFacts, ...]:
+        if not isinstance(value, list):
+            raise TypeError("a list of nodes")
+        return tuple(NodeFacts.from_json(node, f"{where}[{index}]") for index, node in enumerate(value))
+
+    return convert
+
+
+def _section(where: str, schema: Mapping[str, Callable[[Any], Any]],
+             defaults: Mapping[str, Any]) -> Callable[[Any], dict[str, Any]]:
+    """A nested object of ``schema``'s keys, each of which may be left out (``defaults``)."""
+    return lambda value: {**defaults, **_fields(value, schema, where)}
 
 
 @dataclass(frozen=True)
@@ -102,35 +187,32 @@ class JobSpec:
     weights_table: bool = False
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
-        job_id = str(data["job_id"])
-        if not layout.valid_job_id(job_id):
-            raise ConfigError(f"job id {job_id!r}: use {layout.JOB_ID_CHARS}")
-        return cls(
-            job_id=job_id,
-            port=int(data["port"]),
-            nodes=tuple(NodeFacts.from_json(n) for n in data["nodes"]),
-            spares=tuple(NodeFacts.from_json(n) for n in data.get("spares", [])),
-            cpu_workers=int(data.get("cpu_workers", 1)),
-            timeout_seconds=int(data.get("timeout_seconds", 0)),
-            resume=str(data.get("resume", "auto")),
-            overrides=data.get("overrides") or {},
-            jobs_dir=str(data.get("jobs_dir", layout.DEFAULT_JOBS_DIR)),
-            code_root=str(data.get("code_root", layout.DEFAULT_CODE_ROOT)),
-            code_version=str(data.get("code_version", "dev")),
-            env_path=str(data.get("env_path", "~/vidcluster/venv")),
-            omp_num_threads=int(data.get("omp_num_threads", 0)),
-            extra_env={str(k): str(v) for k, v in (data.get("extra_env") or {}).items()},
-            weights_table=bool(data.get("weights_table", False)),
-            watch={**WATCH_DEFAULTS, **data.get("watch", {})},
-            restarts={**RESTART_DEFAULTS, **data.get("restarts", {})},
-        )
+    def from_json(cls, data: Any) -> JobSpec:
+        """The launcher's description, checked strictly: every key known, every value of its kind (ConfigError
+        naming the first that is not, nested ones by their dotted name)."""
+        schema: dict[str, Callable[[Any], Any]] = {
+            "job_id": _text, "port": _integer, "nodes": _node_list("nodes"), "spares": _node_list("spares"),
+            "cpu_workers": _integer, "timeout_seconds": _integer, "resume": _text, "overrides": _mapping,
+            "jobs_dir": _text, "code_root": _text, "code_version": _text, "env_path": _text,
+            "watch": _section("watch", dict.fromkeys(WATCH_DEFAULTS, _number), WATCH_DEFAULTS),
+            "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number}, RESTART_DEFAULTS),
+            "omp_num_threads": _integer,
+            "extra_env": lambda value: {str(k): _text(v) for k, v in _mapping(value).items()},
+            "weights_table": _flag,
+        }
+        spec = cls(**_fields(data, schema, "", required=("job_id", "port", "nodes")))
+        if not layout.valid_job_id(spec.job_id):
+            raise ConfigError(f"job id {spec.job_id!r}: use {layout.JOB_ID_CHARS}")
+        names = [node.name for node in spec.members]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ConfigError(f"job description: node {', '.join(twice)} is listed more than once")
+        return spec
 
     @property
     def members(self) -> tuple[NodeFacts, ...]:
         """Trainers in rank order, then spares: everyone that runs a supervisor of the job."""
         return self.nodes + self.spares
-
 
 
 def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,8 +322,9 @@ def node_env(job: JobSpec, node: NodeFacts, code_dir: str, job_dir: str) -> dict
         "PYTHONPATH": code_dir,
         "PYTHONUNBUFFERED": "1",
         "GLOO_SOCKET_IFNAME": node.iface,  # the interface that holds the node's cluster address
-        "NCCL_SOCKET_IFNAME": node.iface,
+        "NCCL_SOCKET_IFNAME": f"={node.iface}" if node.iface else "",  # "=": that name exactly, not a prefix of names
         "OMP_NUM_THREADS": str(job.omp_num_threads),  # 0: the supervisor divides the node's cores among workers
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # inventory device ids are nvidia-smi's (CUDA's default: fastest first)
         "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in node.device_ids),
     }
     if job.weights_table:
@@ -364,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         described = sys.stdin.read() if args.job == "-" else Path(args.job).read_text()
         job = JobSpec.from_json(json.loads(described))
         rendered = render_job(read_experiment(args.config_file), job, str(args.config_file))
-    except (ConfigError, OSError, ValueError, KeyError) as exc:
+    except (ConfigError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.out_dir.mkdir(parents=True, exist_ok=True)

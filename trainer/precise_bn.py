@@ -17,18 +17,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer.accel import autocast, clip_normalizer
 from trainer.config import Config
-from trainer.distributed import DistContext, all_reduce_sum
+from trainer.distributed import DistContext, all_reduce_sum, any_rank
 
 
 def _live_batchnorms(model: nn.Module) -> list[_BatchNorm]:
     return [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
-
-
-def _any_rank_empty(batch: dict[str, Any], ctx: DistContext) -> bool:
-    # Every rank must run the same forwards (SyncBatchNorm gathers in each), so a batch whose videos were all bad on
-    # any rank is skipped on all of them.
-    empty = torch.tensor([0.0 if len(batch["label"]) else 1.0], device=ctx.device)
-    return all_reduce_sum(empty).item() > 0
 
 
 @torch.no_grad()
@@ -50,7 +43,9 @@ def update_precise_bn(model: nn.Module, loader: Any, ctx: DistContext, cfg: Conf
         for i, batch in enumerate(loader):
             if i == limit:
                 break
-            if _any_rank_empty(batch, ctx):
+            # Every rank runs the same forwards (SyncBatchNorm gathers in each): a batch whose videos were all bad on
+            # any rank is skipped on all of them.
+            if any_rank(len(batch["label"]) == 0, ctx):
                 continue
             with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
                 model(normalizer(batch["video"], batch.get("crops")))

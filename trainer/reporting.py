@@ -3,6 +3,8 @@
 - console + ``log.txt`` (other ranks log warnings and errors only, to their own stderr),
 - a tqdm progress bar with clips/s and data-wait time,
 - TensorBoard event files in ``LOG.LOG_DIR``,
+- ``bad_videos.json``: the run's bad videos so far, each with its reason (trainer.bad_videos), where metrics.jsonl
+  is written,
 - ``metrics.jsonl``: one JSON object per epoch (with its "epoch"), and one per restarted attempt (with "attempt":
   ``attempt_record``; readers that want epochs skip records without "epoch", as ``read_metrics`` does); written by
   rank 0 and mirrored by node 1's checkpoint writer (checkpoint.writes_checkpoints), so it survives either node;
@@ -31,7 +33,14 @@ from tqdm import tqdm
 
 from trainer.distributed import DistContext
 from trainer.errors import UserError
-from trainer.runtime.contract import ATTEMPT_ENV, ATTEMPT_FIELDS, CURVES_FILE, METRICS_FILE, STATUS_FILE
+from trainer.runtime.contract import (
+    ATTEMPT_ENV,
+    ATTEMPT_FIELDS,
+    BAD_VIDEOS_FILE,
+    CURVES_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+)
 
 log = logging.getLogger("trainer")
 T = TypeVar("T")
@@ -174,6 +183,12 @@ class Reporter:
         if self.writes_metrics:
             with (self.run_dir / METRICS_FILE).open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
+
+    def bad_videos(self, record: list[list[str]]) -> None:
+        """Replace bad_videos.json with the run's record ([[path, reason], ...]), where metrics.jsonl is kept."""
+        if self.writes_metrics:
+            write_json_atomic(self.run_dir / BAD_VIDEOS_FILE,
+                              {"count": len(record), "videos": [{"path": p, "reason": r} for p, r in record]})
 
     def attempt(self, record: dict[str, Any]) -> None:
         """A restarted attempt's record: in metrics.jsonl and the status file's "attempts"."""

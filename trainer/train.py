@@ -47,6 +47,7 @@ from torch import nn
 
 from trainer import checkpoint
 from trainer.accel import amp_dtype, configure_backends, prepare_model, unwrap_ddp, wrap_ddp
+from trainer.bad_videos import BadVideos
 from trainer.checkpoint import CheckpointWriter
 from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
 from trainer.coordination import StepControl, StopRequest, stop_signals
@@ -125,6 +126,7 @@ class Run:
     attempt: dict[str, Any] | None  # rank 0: $VIDCLUSTER_ATTEMPT, recorded after this attempt's first step
     resumed_step: int
     place: InPlace | None  # restart in place: the supervisor's word is read after every step
+    bad_videos: BadVideos  # the run's bad videos, every rank's (trainer.bad_videos)
     best_top1: float = -1.0
     stepped: bool = False  # this attempt has taken an optimizer step
 
@@ -298,8 +300,11 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
         if train.PRECISE_BN and MultigridSchedule.from_config(cfg) is not None:
             precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False)
     control = StepControl(ctx, train.CHECKPOINT_MINUTES, stop)
-    return Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter,
-               inference, config_yaml, control, writer, start_epoch, progress, attempt, state.step, place, best_top1)
+    run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter,
+              inference, config_yaml, control, writer, start_epoch, progress, attempt, state.step, place, BadVideos(),
+              best_top1)
+    record_bad_videos(run, BadVideos.from_checkpoint(resume).items())
+    return run
 
 
 def run_epoch(run: Run, epoch: int) -> None:
@@ -340,6 +345,7 @@ def run_epoch(run: Run, epoch: int) -> None:
         fallback.update(val["fallback"])
     for path, reason in bad:
         log.warning("skipped bad video %s: %s", path, reason)
+    record_bad_videos(run, bad)
     for path, reason in sorted(fallback.items()):
         if path not in state.fallback_reported:
             log.info("decoded with torchcodec, as decord cannot open it: %s (%s)", path, reason)
@@ -353,8 +359,17 @@ def run_epoch(run: Run, epoch: int) -> None:
         if run.writer is not None:
             run.writer.submit(checkpoint.build_checkpoint(
                 run.raw_model, state, epoch=done, best_top1=run.best_top1, config_yaml=run.config_yaml,
-                metrics=metrics, inference=run.inference), done, is_best)
+                metrics=metrics, inference=run.inference, bad_videos=run.bad_videos.record()), done, is_best)
         run.control.checkpointed()
+
+
+def record_bad_videos(run: Run, bad: list[tuple[str, str]]) -> None:
+    """Every rank: these bad videos (the same on every rank) join the run's record, in bad_videos.json; the datasets
+    skip the ones whose decoding ran out of time from now on."""
+    run.bad_videos.add(bad)
+    for loader in (run.train_loader, run.val_loader):
+        loader.dataset.skip_timed_out(bad)  # type: ignore[attr-defined]
+    run.reporter.bad_videos(run.bad_videos.record())
 
 
 def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_clips: int, epoch_end: bool) -> None:
@@ -396,7 +411,8 @@ def save_mid_epoch(run: Run, epoch: int, epoch_lr: float, tally: EpochTally) -> 
     if run.writer is not None:
         run.writer.submit(checkpoint.build_checkpoint(
             run.raw_model, run.state, epoch=epoch, best_top1=run.best_top1, config_yaml=run.config_yaml, metrics={},
-            inference=run.inference, progress=progress.record()), epoch, step=run.state.step)
+            inference=run.inference, bad_videos=run.bad_videos.record(), progress=progress.record()), epoch,
+            step=run.state.step)
 
 
 def stop_here(run: Run, epoch: int) -> NoReturn:
@@ -424,7 +440,8 @@ def finish(run: Run) -> None:
             json.dumps({"world_size": run.ctx.world_size, "digests": digests, "identical": identical}, indent=1)
         )
         log.info("final weights identical on all %d ranks: %s", run.ctx.world_size, identical)
-    run.reporter.close("finished")
+        run.bad_videos.report()
+    run.reporter.close("finished", bad_videos=len(run.bad_videos.reasons))
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """vidcluster: Ansible's default output without the lines that say nothing.
 
 A task shows its banner and its results only when it changed something, failed, could not reach a node, or has a
-message for the reader (a debug task); skipped hosts, plain "ok" results and "included" lines are left out. Plays,
+message for the reader (a debug task); skipped hosts, plain "ok" results, "included" lines and the retries of a task
+that polls ("FAILED - RETRYING") are left out. Plays,
 the lines the follow and stage-data print while they run, and the recap are as the default callback prints them.
 With -v (or more) everything is shown, exactly as by the default callback, which it extends.
 """
@@ -64,3 +65,7 @@ class CallbackModule(DefaultCallback):
     def v2_playbook_on_include(self, included_file: Any) -> None:
         if not self._quiet():
             super().v2_playbook_on_include(included_file)
+
+    def v2_runner_retry(self, result: Any) -> None:
+        if not self._quiet():  # a poll that will be tried again ("FAILED - RETRYING") says nothing yet
+            super().v2_runner_retry(result)

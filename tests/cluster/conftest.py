@@ -4,6 +4,7 @@ own sshd, built and torn down by playbooks/local-cluster.yml. Needs root."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -73,6 +75,15 @@ def changed_total(stdout: str, hosts: Iterable[str]) -> int:
     return sum(counters["changed"] for counters in recap_of(stdout, hosts).values())
 
 
+def load_file(path: Path) -> ModuleType:
+    """A Python file of a role (a filter plugin, a script it runs on the nodes) as a module, for its plain functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @dataclass(frozen=True)
 class Node:
     index: int
@@ -98,6 +109,7 @@ class LocalCluster:
     name: str
     state_dir: Path
     nodes: list[Node] = field(default_factory=list)
+    settings: tuple[str, ...] = ()  # the -e settings it was made with, which a repair keeps
 
     @property
     def inventory(self) -> Path:
@@ -129,11 +141,16 @@ class LocalCluster:
     def create(self, nodes: int, *extra: str) -> subprocess.CompletedProcess[str]:
         """Build (or repair) the cluster; ``extra``: more -e settings of playbooks/local-cluster.yml."""
         proc = run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={nodes}", "-e", f"cluster_name={self.name}", *extra)
+        self.settings = extra
         hosts = _inventory_hosts(self.inventory)
         self.nodes = [Node(index=i, name=name, ip=h["ansible_host"], netns=f"vc-{self.name}-{i}",
                            dir=self.state_dir / "nodes" / str(i), cluster_ip=h["cluster_ip"])
                       for i, (name, h) in enumerate(hosts.items())]
         return proc
+
+    def repair(self) -> subprocess.CompletedProcess[str]:
+        """Run playbooks/local-cluster.yml again with the settings the cluster was made with (a stopped sshd starts)."""
+        return self.create(len(self.nodes), *self.settings)
 
     def destroy(self) -> None:
         """state=absent, then delete by name whatever is still there (processes, namespaces, links, state)."""
@@ -224,6 +241,23 @@ def stage_dataset(cluster: LocalCluster, folder: Path, train: int = 8,
     return cluster.playbook("playbooks/stage-data.yml", "-e", f"src={data}", "-e", "dest=data/vidcluster-test")
 
 
+@contextlib.contextmanager
+def closed_ports(node: Node, ssh_port: int) -> Iterator[None]:
+    """The node's namespace drops every new TCP connection but SSH's (its sshd listens on ``ssh_port``) while the
+    block runs."""
+    # What a host firewall that does not know the cluster does: new TCP connections into the node are dropped; its
+    # own connections (their replies) and SSH still work.
+    rules = (f"table inet vidcluster_test {{\n chain input {{\n type filter hook input priority 0; policy accept;\n"
+             f' ct state established,related accept\n iifname "lo" accept\n tcp dport {ssh_port} accept\n'
+             " tcp flags syn drop\n }\n}\n")
+    subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "exec", node.netns, "nft", "delete", "table", "inet", "vidcluster_test"],
+                       check=True)
+
+
 def node_job_dir(node: Node, job_id: str) -> Path:
     """The node's own folder of a job, as the controller sees it."""
     return node.home / "vidcluster" / "jobs" / job_id / node.name
@@ -231,7 +265,8 @@ def node_job_dir(node: Node, job_id: str) -> Path:
 
 @pytest.fixture(scope="session")
 def private_cluster(local_cluster: Callable[..., LocalCluster]) -> tuple[LocalCluster, str]:
-    """3 nodes with private homes after one whole setup-cluster.yml run, and that run's output. Shared by the SSH mesh
-    tests and the private-home launch tests, which put back whatever they break."""
-    cluster = local_cluster(3)
+    """3 nodes with private homes after one whole setup-cluster.yml run, and that run's output; the login user may use
+    sudo on the nodes (the host firewall's tests). Shared by the SSH mesh tests, the private-home launch tests, the
+    stage-data tests and the firewall tests, which put back whatever they break."""
+    cluster = local_cluster(3, "-e", "sudo=true")
     return cluster, cluster.playbook("setup-cluster.yml").stdout

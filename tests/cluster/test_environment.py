@@ -21,19 +21,18 @@ Run: .venv/bin/python -m pytest tests/cluster/test_environment.py  (root).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.cluster.conftest import REPO, LocalCluster, changed_total, recap, run_playbook
+from tests.cluster.conftest import REPO, LocalCluster, changed_total, flat, load_file, recap, run_playbook
 
 ROLE = REPO / "roles" / "python_env"
 PLAYBOOK = REPO / "playbooks" / "environment.yml"
@@ -45,16 +44,9 @@ CPU_TORCH = next(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"), None)
 SMALL_REQUIREMENTS = "pyyaml==6.0.4\nparamiko==4.0.0\n"
 
 
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-filters = _load(ROLE / "filter_plugins" / "python_env.py")
-check_requirements = _load(ROLE / "files" / "check_requirements.py")
+filters = load_file(ROLE / "filter_plugins" / "python_env.py")
+gpu_role = load_file(REPO / "roles" / "node_gpus" / "filter_plugins" / "node_gpus.py")
+check_requirements = load_file(ROLE / "files" / "check_requirements.py")
 
 
 def task_lines(stdout: str, task: str) -> list[str]:
@@ -82,19 +74,86 @@ def test_version_table_names_the_differing_node_and_versions() -> None:
     assert filters.version_table({"a": same, "b": dict(same)}, ["python", "cuda"])["ok"]
 
 
-def test_driver_requirements_for_the_cuda_of_the_torch_build() -> None:
-    table = {"12.1": "530.30.02", "12.8": "570.26", "13.0": "580.65.06"}
-    assert filters.cuda_min_driver("13.0", table) == "580.65.06"
-    assert filters.cuda_min_driver("12.8.1", table) == "570.26"
-    with pytest.raises(ValueError, match=r"CUDA 12\.2 is not in python_env_driver_table"):
-        filters.cuda_min_driver("12.2", table)
-    assert filters.driver_supports("580.65.06", "580.65.06")
-    assert filters.driver_supports("580.105.08", "580.65.06")  # numeric, not string, comparison
-    assert not filters.driver_supports("570.172.08", "580.65.06")
-    assert filters.torch_cuda_from_requirements("numpy\ntorch==2.5.1+cu121  # pinned\n", "13.0") == "12.1"
-    assert filters.torch_cuda_from_requirements((REPO / "requirements-node.txt").read_text(), "13.0") == "13.0"
-    assert filters.parse_gpus(["NVIDIA H200, 580.65.06, 143771 MiB", ""]) == [
-        {"name": "NVIDIA H200", "driver": "580.65.06", "memory": "143771 MiB"}
+DRIVER_TABLE = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["python_env_driver_table"]
+BUILDS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["python_env_torch_builds"]
+
+
+@pytest.mark.parametrize(("driver", "runs"), [
+    ("525.60.13", {"12.1", "12.6", "12.8", "12.9"}),  # the first driver of CUDA 12's minor-version compatibility
+    ("535.247.01", {"12.1", "12.6", "12.8", "12.9"}),  # Debian 12's, what roles/nvidia_driver installs there
+    ("560.35.03", {"12.1", "12.6", "12.8", "12.9"}),
+    ("580.65.06", {"12.1", "12.6", "12.8", "12.9", "13.0", "13.1", "13.2"}),
+    ("580.105.08", {"12.1", "12.6", "12.8", "12.9", "13.0", "13.1", "13.2"}),  # numeric, not string, comparison
+])  # fmt: skip
+def test_the_driver_rule_is_cuda_minor_version_compatibility(driver: str, runs: set[str]) -> None:
+    for cuda in ("12.1", "12.6", "12.8", "12.9", "13.0", "13.1", "13.2"):
+        verdict = filters.driver_verdict(driver, cuda, DRIVER_TABLE)
+        assert verdict["ok"] == (cuda in runs), (driver, cuda, verdict)
+        assert verdict["needs"] == ("525.60.13" if cuda.startswith("12.") else "580.65.06")
+    assert filters.driver_verdict("535.247.01", "13.0", DRIVER_TABLE)["message"] == (
+        "NVIDIA driver 535.247.01 is too old for CUDA 13.0 builds, which need driver 580.65.06 or newer (every CUDA "
+        "13.x build runs on it)")
+
+
+def test_an_unknown_cuda_is_refused_with_a_message_not_an_exception() -> None:
+    verdict = filters.driver_verdict("590.44.01", "14.0", DRIVER_TABLE)
+    assert not verdict["ok"] and verdict["message"] == (
+        "CUDA 14.0 is not in python_env_driver_table (known: 11, 12, 13); add the minimum driver NVIDIA's CUDA release "
+        "notes give for it")
+    # A site's more specific entry wins over its major's.
+    assert filters.driver_verdict("550.54.14", "12.8", {**DRIVER_TABLE, "12.8": "570.26"})["needs"] == "570.26"
+
+
+def test_the_build_chooses_the_index_and_the_pins() -> None:
+    node = (REPO / "requirements-node.txt").read_text()
+    cu126 = filters.torch_requirements(node, "cu126", BUILDS)
+    assert cu126["ok"] and cu126["cuda"] == "12.6" and cu126["index"] == "https://download.pytorch.org/whl/cu126"
+    lines = cu126["text"].splitlines()
+    assert "--extra-index-url https://download.pytorch.org/whl/cu126" in lines
+    assert "torch==2.14.1+cu126" in lines and "torchvision==0.29.1+cu126" in lines
+    assert [line for line in lines if line.startswith(("decord", "numpy"))] == ["decord==0.6.0", "numpy>=1.26,<3"]
+    pypi = filters.torch_requirements(node, "cu130", BUILDS)  # torch 2.14's PyPI wheels: the file as it is
+    assert pypi["text"] == node and pypi["cuda"] == "13.0"
+    cpu = filters.torch_requirements(node, "cpu", BUILDS)
+    assert cpu["cuda"] == "" and "torch==2.14.1+cpu" in cpu["text"].splitlines()
+    assert filters.torch_requirements(node, "cu999", BUILDS)["message"] == (
+        "vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, cu128, cu130, cpu)")
+    other = filters.torch_requirements("torch==2.5.1+cu121  # pinned\n", "cu128", BUILDS)
+    assert not other["ok"] and "pin torch==2.5.1 (the build adds +cu128)" in other["message"]
+
+
+def test_a_gpu_without_kernels_in_the_build_names_the_builds_that_have_them() -> None:
+    cu130 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    report = {"torch": "2.14.1+cu130", "torch_archs": cu130, "gpu_checks": [
+        {"index": 0, "name": "Tesla V100-SXM2-32GB", "capability": "7.0", "op": "CUDA error: no kernel image"},
+        {"index": 1, "name": "NVIDIA A10G", "capability": "8.6", "op": "ok"}]}
+    fit = filters.gpu_fit(report, "node3", BUILDS)
+    assert fit["problems"] == [
+        "node3 GPU 0 Tesla V100-SXM2-32GB sm_70: torch 2.14.1+cu130 has kernels for sm_75..sm_120; choose cu126 or "
+        "cu128 (vidcluster_torch_build)"]
+    assert fit["record"] == ("node3: GPU 0 Tesla V100-SXM2-32GB sm_70, GPU 1 NVIDIA A10G sm_86; torch 2.14.1+cu130 "
+                             "has kernels for sm_75..sm_120")
+    broken = {**report, "gpu_checks": [{**report["gpu_checks"][1], "op": "RuntimeError: CUDA error: ECC error"}]}
+    assert filters.gpu_fit(broken, "node1", BUILDS)["problems"] == [
+        "node1 GPU 1 NVIDIA A10G sm_86: a small CUDA operation failed with torch 2.14.1+cu130: RuntimeError: CUDA "
+        "error: ECC error"]
+    assert "no build in python_env_torch_builds" in filters.gpu_fit(
+        {**report, "gpu_checks": [{**report["gpu_checks"][0], "capability": "3.7"}]}, "k80", BUILDS)["problems"][0]
+
+
+def test_kernels_run_within_their_major_version_and_ptx_beyond() -> None:
+    assert filters.runs_on((8, 6), ["sm_80"]) and filters.runs_on((8, 9), ["sm_86"])  # newer minor, same major
+    assert not filters.runs_on((8, 0), ["sm_86"])  # an older minor
+    assert not filters.runs_on((10, 0), ["sm_90"])  # never across majors
+    assert filters.runs_on((10, 0), ["sm_90", "compute_90"])  # PTX is compiled for what comes later
+    assert filters.runs_on((9, 0), ["sm_90a"]) and not filters.runs_on((9, 1), ["sm_90a"])  # arch-specific
+    assert filters.runs_on((12, 1), ["sm_120f"]) and not filters.runs_on((7, 0), [])
+
+
+def test_the_gpu_query_is_parsed_with_commas_in_names() -> None:
+    assert gpu_role.parse_gpus(["0, NVIDIA H200, 580.65.06, 143771 MiB", "1, Odd, Name, 580.65.06, 1 MiB", ""]) == [
+        {"index": 0, "name": "NVIDIA H200", "driver": "580.65.06", "memory": "143771 MiB"},
+        {"index": 1, "name": "Odd, Name", "driver": "580.65.06", "memory": "1 MiB"},
     ]
 
 
@@ -145,6 +204,36 @@ def test_nvidia_driver_role_passes_check_mode_on_this_debian_host(tmp_path: Path
     assert not Path("/etc/apt/sources.list.d/vidcluster-nonfree.sources").exists()
     off = run_playbook(PLAYBOOK, "--check", "--tags", "nvidia-driver", "--skip-tags", "login", inventory=inventory)
     assert "nvidia_driver : " not in off.stdout  # off by default: the role is not even included
+
+
+def test_one_gpu_query_for_every_role_and_a_broken_driver_fails_the_node(tmp_path: Path) -> None:
+    """roles/node_gpus (what python_env and ddp_config both include) on this machine, with nvidia-smi stood in for by
+    scripts: two GPUs are listed, no nvidia-smi is no GPU, an nvidia-smi that cannot reach the driver fails."""
+    inventory = tmp_path / "controller.yml"
+    inventory.write_text("all:\n  hosts:\n    controller:\n      ansible_connection: local\n"
+                         "      ansible_python_interpreter: /usr/bin/python3\n")
+    play = tmp_path / "gpus.yml"
+    listed = "{{ node_gpus_found | map(attribute='index') | join(',') }}"
+    play.write_text("- hosts: controller\n  gather_facts: false\n  tasks:\n"
+                    "    - {ansible.builtin.include_role: {name: node_gpus}}\n"
+                    f"    - {{ansible.builtin.debug: {{msg: \"GPUS={listed} \"}}}}\n")
+    two, broken = tmp_path / "two-gpus", tmp_path / "no-driver"
+    two.write_text("#!/bin/sh\necho '0, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n"
+                   "echo '1, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n")
+    broken.write_text("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                      "driver.\"\nexit 9\n")
+    for script in (two, broken):
+        script.chmod(0o755)
+
+    def run(smi: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run_playbook(play, "-e", f"node_gpus_smi={smi}", inventory=inventory, check=check)
+
+    assert "GPUS=0,1 " in run(two).stdout
+    assert "GPUS= " in run(tmp_path / "not-installed" / "nvidia-smi").stdout
+    failed = run(broken, check=False)
+    assert failed.returncode != 0 and "GPUS=" not in failed.stdout
+    assert "controller: nvidia-smi failed (rc 9): NVIDIA-SMI has failed because it couldn't communicate" in " ".join(
+        failed.stdout.split())
 
 
 # --- a real 2-node cluster --------------------------------------------------------------------------------
@@ -277,3 +366,15 @@ def test_shared_environment_runs_both_decoders(cluster: LocalCluster) -> None:
         assert re.search(rf"^\s*- '?{node.name}\s.*\s0\.6\.0\s+{re.escape(torchcodec)}\S*\s+{re.escape(ffmpeg)}\s",
                          proc.stdout, re.M), proc.stdout[-4000:]
     assert all(recap(proc.stdout)[node.name]["changed"] == 0 for node in cluster.nodes)
+
+
+def test_the_chosen_torch_build_is_what_every_node_compares_against(cluster: LocalCluster) -> None:
+    # Check mode: PyTorch's index is out of reach here, and the shared environment holds the PyPI (cu130) build.
+    proc = cluster.playbook(PLAYBOOK, "--check", "-e", "vidcluster_torch_build=cu126")
+    assert "torch==2.14.1+cu126 (installed 2.14.1)" in flat(proc.stdout), proc.stdout[-3000:]
+    assert "torchvision==0.29.1+cu126 (installed 0.29.1)" in flat(proc.stdout)
+    wrong = cluster.playbook(PLAYBOOK, "-e", "vidcluster_torch_build=cu999", check=False)
+    assert wrong.returncode != 0
+    assert (f"{cluster.nodes[0].name}: vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, "
+            "cu128, cu130, cpu)") in flat(wrong.stdout)
+    assert "TASK [python_env : Query the GPUs" not in wrong.stdout  # refused before anything else ran

@@ -66,9 +66,13 @@ def test_sample_inventory_is_valid() -> None:
          "ansible_user: trainer", "a: gpus 'eight' is neither a GPU count nor a list of device ids"),
         ({"a": "{ansible_host: 127.0.0.2, ansible_port: 70000}", "b": "{ansible_host: 127.0.0.3}"},
          "ansible_user: trainer", "a: ansible_port 70000 is not a TCP port"),
+        ({"'../x'": "{ansible_host: 127.0.0.2}", "'node 1'": "{ansible_host: 127.0.0.3}"},
+         "ansible_user: trainer", "'../x': a node's inventory name names its folders on every node and its entry in "
+         "~/.ssh/config; use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64; "
+         "'node 1': a node's inventory name"),
     ],
     ids=["duplicate-address", "rank-gap", "rank-some", "dns-unresolvable", "root-user", "user-differs",
-         "gpus-duplicate-ids", "gpus-word", "port-out-of-range"],
+         "gpus-duplicate-ids", "gpus-word", "port-out-of-range", "node-names"],
 )
 def test_each_broken_rule_is_named(tmp_path: Path, hosts: dict[str, str], group_vars: str, message: str) -> None:
     proc = run_playbook(VALIDATE, inventory=inventory(tmp_path, hosts, group_vars), check=False)

@@ -5,8 +5,9 @@ The job belongs to its nodes: every node's supervisor (trainer/runtime) runs its
 only the job's nodes are heard (every message is sealed with the launch's secret); the controller only follows the
 hub, and not hearing from it is not a failure.
   - errors before anything starts: an unknown config, a busy rendezvous port, a config the trainer rejects, nodes
-    with different GPU counts; job ids that could name another folder, refused by every playbook before any node is
-    touched; a login as root, refused on the node;
+    with different GPU counts, COMPILE on nodes without a compiler, the rank-0 node's ports closed by a firewall
+    (the launch's short collective names it); job ids that could name another folder, refused by every playbook
+    before any node is touched; a login as root, refused on the node;
   - forged failure reports, a forged stop, thousands of connections and a 100 MB line from a host on the cluster
     network that is not a node of the job: ignored, logged once, the supervisor's memory bounded, the job trains to
     the end; its results are collected where the config's LOG keys put them, and following it prints a line per
@@ -39,6 +40,7 @@ from tests.cluster.conftest import (
     LocalCluster,
     Node,
     changed_total,
+    closed_ports,
     flat,
     job_processes,
     node_job_dir,
@@ -181,6 +183,37 @@ def cluster(local_cluster: Callable[..., LocalCluster], tmp_path_factory: pytest
     cluster.playbook("stop-training.yml", check=False)
 
 
+def test_a_rank0_node_whose_ports_are_closed_stops_the_launch_before_any_trainer_starts(cluster: LocalCluster) -> None:
+    node0 = cluster.nodes[0]
+    job = f"{cluster.name}-closed"
+    # The nodes' own firewall: new connections into node0 are dropped, SSH's excepted.
+    with closed_ports(node0, cluster.ssh_port):
+        proc = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", check=False)
+    assert proc.returncode != 0
+    out = flat(proc.stdout)
+    found = re.search(rf"no node can reach node0's rendezvous {re.escape(node0.ip)}:(\d+) \(timed out\): a firewall "
+                      r"on node0 closing port \1", out)
+    assert found, proc.stdout[-3000:]
+    # Within the short check's 30 s, before any trainer or supervisor started anywhere.
+    check = proc.stdout.split("TASK [cluster_collective : Start the collective check", 1)[1]
+    assert "TASK [ddp_launch : Start the supervisor" not in check
+    assert job_processes(job) == []
+    assert not any((node_job_dir(node, job) / "state.json").exists() for node in cluster.nodes)
+
+
+def test_compile_on_nodes_without_a_compiler_is_refused_before_any_trainer_starts(cluster: LocalCluster) -> None:
+    job = f"{cluster.name}-compile"
+    no_compiler = {"ddp_config_extra_env": {"CXX": "/opt/no-such-compiler/g++"},
+                   "ddp_config_overrides": {"CONFIG": {"TRAIN": {"COMPILE": True}}}}
+    proc = launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", json.dumps(no_compiler),
+                  check=False)
+    assert proc.returncode != 0
+    assert ("node1 cannot run i3d_cpu_test.yaml: CONFIG.TRAIN.COMPILE: torch.compile needs a C++ compiler for "
+            "Inductor's CPU kernels (g++, or $CXX), and this node has none") in flat(proc.stdout), proc.stdout[-3000:]
+    # Refused before the launch waited for its collective (which ends by itself within its timeout).
+    assert "TASK [cluster_collective : Wait for the check" not in proc.stdout and job_processes(job) == []
+
+
 def test_errors_come_before_any_training_process(cluster: LocalCluster, tmp_path: Path) -> None:
     node0, node1 = cluster.nodes[0], cluster.nodes[1]
     job = f"{cluster.name}-err"
@@ -232,7 +265,7 @@ def test_errors_come_before_any_training_process(cluster: LocalCluster, tmp_path
                                  if "gpus:" not in line))
     fake, script = Path("/usr/local/bin/nvidia-smi"), cluster.state_dir / "fake-nvidia-smi"
     script.write_text(f"#!/bin/sh\nip -4 -o addr show dev eth0 2>/dev/null | grep -q ' {node1.ip}/' || exit 127\n"
-                      "echo 'GPU 0: Fake GPU (UUID: GPU-0)'; echo 'GPU 1: Fake GPU (UUID: GPU-1)'\n")
+                      "echo '0, Fake GPU, 580.65.06, 81920 MiB'; echo '1, Fake GPU, 580.65.06, 81920 MiB'\n")
     script.chmod(0o755)
     placeholder = not fake.exists()  # then the fake itself, exiting 127 (no nvidia-smi) in every other namespace
     if placeholder:

@@ -82,6 +82,7 @@ def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: Loc
     assert "world size 6 (3 node(s) x 2 worker(s)" in (results / "log.txt").read_text()
     digest = json.loads((results / "weights_digest.json").read_text())
     assert digest["world_size"] == 6 and len(set(digest["digests"])) == 1 and digest["identical"], digest
+    assert json.loads((results / "bad_videos.json").read_text()) == {"count": 0, "videos": []}
     # In the rank-0 node's home, and a copy of the checkpoints (and of metrics.jsonl) in node rank 1's, so the run
     # survives the loss of either; none on node 2, and the job folders hold no run at all.
     for node in (node0, node1):
@@ -204,6 +205,7 @@ def test_pretrained_weights_are_fetched_once_on_the_controller_and_loaded_on_eve
     monkeypatch.setenv("VIDCLUSTER_WEIGHTS_CACHE", str(tmp_path / "controller-cache"))
     with weights_mirror(tmp_path / "mirror") as (url, requested):
         monkeypatch.setenv("VIDCLUSTER_WEIGHTS_URL", url)
+        monkeypatch.setenv("VIDCLUSTER_WEIGHTS_ALLOW_HTTP", "1")  # a plain http mirror, asked for
         # A checksum that does not match: refused on the controller, before anything starts.
         monkeypatch.setenv("VIDCLUSTER_WEIGHTS_TABLE", str(table("0" * 64)))
         proc = launch(cluster, *args, check=False)

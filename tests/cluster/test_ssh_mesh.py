@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.conftest import CLUSTER_PLAYBOOK, REPO, LocalCluster, Node, changed_total, flat, run_playbook
+from tests.cluster.conftest import REPO, LocalCluster, Node, changed_total, flat
 
 PAIR = re.compile(r"(\S+) -> (\S+): (\w+) \(")
 # Short timeouts: a frozen sshd is reported after two tries of 5 s.
@@ -54,7 +54,7 @@ def cluster_pubkey(cluster: LocalCluster) -> str:
 
 
 def restart_sshd(cluster: LocalCluster) -> None:
-    run_playbook(CLUSTER_PLAYBOOK, "-e", f"nodes={len(cluster.nodes)}", "-e", f"cluster_name={cluster.name}")
+    cluster.repair()  # with the cluster's own settings (sudo on the nodes stays)
 
 
 def stop_sshd(node: Node) -> None:

@@ -1,7 +1,8 @@
 """playbooks/stage-data.yml and playbooks/check-data.yml (roles/stage_data), and what they are made of.
 
   - the plan (pure): a tree whose senders double every round, 1 + ceil(log2 N) rounds, the source sending once;
-  - files/stage_node.py copy on this machine: real rsync, the progress file, a second copy stopping the first;
+  - the layout and each transfer's route (pure): every path the role's YAML used to compute, from one owner;
+  - the collection's stage.py copy on this machine: real rsync, the progress file, a second copy stopping the first;
   - on the 3-node private-home cluster the SSH mesh tests use (private_cluster): the first copy (a source folder
     named with shell syntax, file names with spaces and non-ASCII letters: copied, nothing run), a rerun that moves
     nothing, a truncated file found by check-data and repaired from a peer, deletion only when asked, a source on a
@@ -29,11 +30,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from ansible_collections.vidcluster.launcher.plugins.module_utils import stage as stage_layout
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.words import human
 
 from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, Node, changed_total, flat, playbook_env
 
 ROLE = REPO / "roles" / "stage_data"
-NODE_SCRIPT = ROLE / "files" / "stage_node.py"
+COPY_SCRIPT = Path(stage_layout.__file__)
 MARKER = Path(f"/tmp/vcstage-{os.getpid()}")  # what `$(touch ...)` in a name would create, were it run
 UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
 
@@ -100,7 +103,42 @@ def test_nodes_that_cannot_take_part_sources_and_sizes_are_said_plainly() -> Non
     hosts = ["node0", "node1"]
     assert F.stage_data_source("node1:/scratch/k400", hosts) == {"node": "node1", "path": "/scratch/k400"}
     assert F.stage_data_source("data:v2", hosts) == {"node": "", "path": "data:v2"}  # not a node: the controller's
-    assert [F.human(n) for n in (0, 999, 2_048_000, 150e6, 1.07e9)] == ["0 B", "999 B", "2.05 MB", "150 MB", "1.07 GB"]
+    assert [human(n) for n in (0, 999, 2_048_000, 150e6, 1.07e9)] == ["0 B", "999 B", "2.05 MB", "150 MB", "1.07 GB"]
+
+
+def test_the_layout_and_each_route_name_every_place_once() -> None:
+    """Where the data comes from and goes, every handle, and what each kind of transfer reads and writes: the paths
+    the role's YAML used to build (a three-level conditional for rsync's source), now from one owner."""
+    hosts = ["node0", "node1", "node2"]
+    layout = F.stage_data_layout("videos", "data/k400", hosts, "/work/here", "/cache", "tok")
+    d = {node: f"d{stage_layout.key('data/k400')}.{node}" for node in hosts}
+    assert layout["origin"] == {"node": "", "path": "/work/here/videos"} and layout["dest"] == "~/data/k400"
+    assert layout["handles"] == d and layout["run_dir"] == "/cache/runs/tok"
+    assert layout["manifest_cache"] == f"/cache/{stage_layout.key('/work/here/videos')}.json"
+    assert F.stage_data_layout("x", "~/data/k", hosts, "/w", "/c")["dest"] == "~/data/k"
+    assert F.stage_data_layout("x", "/scratch/k", hosts, "/w", "/c")["dest"] == "/scratch/k"
+    states = {node: {"stage": f"/home/{node}/vidcluster/stage", "dest": f"/home/{node}/data/k400"} for node in hosts}
+    plan = F.stage_data_plan({node: need(2) for node in hosts}, hosts)
+    first, second, _ = F.stage_data_routes(plan, layout, states)
+    assert first["node0"] == {
+        "sender": "controller", "receiver": "node0", "origin": True, "files": 2, "bytes": 200, "kind": "push",
+        "source": "/work/here/videos", "dest": f"vidcluster/stage/{d['node0']}",
+        "need": f":vidcluster/stage/{d['node0']}.need", "lock": f"/cache/{d['node0']}.lock",
+        "progress": "/cache/runs/tok/node0.progress", "record": "/cache/runs/tok/node0.json"}  # fmt: skip
+    assert second["node1"]["sender"] == "node0" and second["node1"]["record"] == "/cache/runs/tok/node1.json"
+    assert {k: second["node1"][k] for k in ("kind", "source", "dest", "need", "lock", "progress")} == {
+        "kind": "pull", "source": f"node0:vidcluster/stage/{d['node0']}", "dest": "/home/node1/data/k400",
+        "need": f"/home/node1/vidcluster/stage/{d['node1']}.need",
+        "lock": f"/home/node1/vidcluster/stage/{d['node1']}.lock",
+        "progress": f"/home/node1/vidcluster/stage/{d['node1']}.tok.progress"}  # fmt: skip
+    # A source on node1: it copies its own folder first, then the others pull from its copy.
+    from_node = F.stage_data_layout("node1:/scratch/k", "data/k400", hosts, "/w", "/cache", "tok")
+    assert from_node["origin"] == {"node": "node1", "path": "/scratch/k"}
+    assert from_node["manifest_cache"] == f"/cache/{stage_layout.key('node1:/scratch/k')}.json"
+    routes = F.stage_data_routes(F.stage_data_plan({n: need(1) for n in hosts}, hosts, origin="node1"), from_node,
+                                 states, {"src": "/scratch/k"})
+    assert (routes[0]["node1"]["kind"], routes[0]["node1"]["source"]) == ("local", "/scratch/k")
+    assert routes[1]["node0"]["source"] == f"node1:vidcluster/stage/{d['node1']}"
 
 
 # ---- one copy, on this machine ----
@@ -118,14 +156,14 @@ def test_a_copy_keeps_a_progress_file_and_a_second_copy_of_the_same_place_stops_
     need_file = tmp_path / "need"
     need_file.write_bytes(b"".join(f"train/{name}".encode() + b"\0" for name in names))
     lock, slow, fast = tmp_path / "lock", tmp_path / "slow.progress", tmp_path / "fast.progress"
-    first = subprocess.Popen([sys.executable, str(NODE_SCRIPT), "copy", str(lock), str(slow),
+    first = subprocess.Popen([sys.executable, str(COPY_SCRIPT), "copy", str(lock), str(slow),
                               *copy_argv(need_file, src, dest, "--bwlimit=50")])
     try:
         deadline = time.monotonic() + 30
         while not (slow.exists() and json.loads(slow.read_text())["beat"] >= 2):
             assert time.monotonic() < deadline, "the first copy wrote no progress"
             time.sleep(0.1)
-        second = subprocess.run([sys.executable, str(NODE_SCRIPT), "copy", str(lock), str(fast),
+        second = subprocess.run([sys.executable, str(COPY_SCRIPT), "copy", str(lock), str(fast),
                                  *copy_argv(need_file, src, dest)], capture_output=True, text=True, timeout=60)
         assert first.wait(timeout=30) == 128 + signal.SIGTERM
     finally:

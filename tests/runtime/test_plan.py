@@ -57,7 +57,8 @@ def test_every_path_of_every_member_is_its_own(shared: bool) -> None:
         assert plan.paths.status_file == f"{run}/status.json"
         assert plan.paths.log_file == f"{run}/train-log.txt"  # LOG.LOG_FILENAME
         assert list(plan.paths.results) == [f"{run}/{f}" for f in (
-            "metrics.jsonl", "status.json", "curves.png", "train-log.txt", "weights_digest.json", "config.yaml")]
+            "metrics.jsonl", "status.json", "curves.png", "train-log.txt", "weights_digest.json", "config.yaml",
+            "bad_videos.json")]
         assert plan.paths.weights_cache == f"{home}/.cache/vidcluster/weights"
         assert dict(plan.data_paths) == {"CONFIG.DATA.TRAIN_ANNO_PATH": f"{home}/data/k/train.txt",
                                          "CONFIG.DATA.TRAIN_DATA_PATH": f"{home}/data/k",
@@ -67,6 +68,8 @@ def test_every_path_of_every_member_is_its_own(shared: bool) -> None:
                              f"{folder}/config.yaml")
         assert plan.env["PYTHONPATH"] == plan.paths.code_dir
         assert plan.env["GLOO_SOCKET_IFNAME"] == "eth0" and plan.env["CUDA_VISIBLE_DEVICES"] == ""
+        assert plan.env["NCCL_SOCKET_IFNAME"] == "=eth0"  # exactly eth0: a plain name is a prefix to NCCL (eth01...)
+        assert plan.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # device ids as nvidia-smi numbers them
         assert [(m.name, m.rank) for m in plan.members] == [("n0", 0), ("n1", 1), ("n2", None)]
         assert plan.me.spare == (name == "n2") and plan.world_size == 2
 

@@ -27,6 +27,9 @@ from trainer.distributed import DistContext, add_launcher_args, all_gather_objec
 from trainer.distributed import broadcast_object as bcast
 from trainer.precise_bn import update_precise_bn
 
+# What torchrun exports to each worker, and launch() too, whichever way the worker started.
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
 
 def precise_bn_batches(rank: int) -> list[dict[str, torch.Tensor]]:
     """Three batches of 4 clips, different on every rank; rank 1's second batch lost all its videos."""
@@ -70,6 +73,7 @@ def record(ctx: DistContext, cfg: Config) -> None:
         "world_rank": cfg.DDP_CONFIG.WORLD_RANK,
         "precise_bn": precise_bn(ctx, cfg),
         "pid": os.getpid(),
+        "env": {name: os.environ.get(name) for name in TORCHRUN_ENV},
         "attempt": _attempt(),
         "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
     }

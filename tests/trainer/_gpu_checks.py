@@ -26,11 +26,12 @@ from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
 
 from tests.trainer.test_train import free_port
 from trainer.accel import amp_dtype, autocast, ddp_module, prepare_model, wrap_ddp
-from trainer.config import validate_config
-from trainer.data.decoders import NATIVE, BadVideo, decode_device, open_reader, read_frames, torchcodec_cuda_build
+from trainer.config import Config, validate_config
+from trainer.data.decoders import NATIVE, BadVideo, decode_device, open_reader, read_frames
 from trainer.data.loader import stack_clips
 from trainer.data.transforms import ClipNormalizer, Crop, make_crop, normalize
-from trainer.distributed import single_process_context
+from trainer.distributed import DistContext, launch, single_process_context
+from trainer.hardware import compile_problem, cuda_build, torchcodec_version
 from trainer.models import build_model
 
 EXIT_SKIP = 77
@@ -181,6 +182,26 @@ def check_sync_bn(world: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# The device of a single-process run
+
+
+def check_single_process_device() -> dict[str, Any]:
+    """launch() with DISTRIBUTED False and DDP_CONFIG.GPU 1: the worker's device is GPU 1, and so is the current
+    device (set_device), where a tensor made without a device goes."""
+    if torch.cuda.device_count() < 2:
+        raise CannotCheck(f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+    seen: dict[str, Any] = {}
+
+    def worker(ctx: DistContext, _cfg: Config) -> None:
+        seen.update(device=str(ctx.device), current=torch.cuda.current_device(),
+                    allocated=str(torch.empty(1, device="cuda").device))
+
+    launch(worker, validate_config({"DDP_CONFIG": {"DISTRIBUTED": False, "GPU": 1}}))
+    assert seen == {"device": "cuda:1", "current": 1, "allocated": "cuda:1"}, seen
+    return seen
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Crops made on the GPU
 
 
@@ -214,10 +235,9 @@ def check_cuda_decoding(video: str) -> dict[str, Any]:
     from trainer.data.decoders import torchcodec_problem
 
     problem = torchcodec_problem()
-    if problem is None and not torchcodec_cuda_build():
-        import torchcodec
-
-        problem = f"torchcodec {torchcodec.__version__} is a CPU-only build"
+    version = torchcodec_version()
+    if problem is None and not cuda_build(version):
+        problem = f"torchcodec {version} is a CPU-only build"
     if problem is not None:
         raise CannotCheck(f"CUDA decoding: {problem}")
     warnings: list[str] = []
@@ -257,36 +277,46 @@ def forward_backward(model: nn.Module, clip: torch.Tensor) -> dict[str, Any]:
     return {"out": out.detach(), "gradients": grads}
 
 
-def check_channels_last_and_compile() -> dict[str, Any]:
-    """The trainer's TRAIN.CHANNELS_LAST and TRAIN.COMPILE on the GPU: outputs and gradients of a training step of a
-    tiny SlowFast as without them (cuDNN and Triton pick other kernels: within float32's, and TF32's, rounding)."""
+def check_training_step_unchanged_by(key: str) -> dict[str, Any]:
+    """The trainer's TRAIN.CHANNELS_LAST or TRAIN.COMPILE on the GPU: outputs and gradients of a training step of a
+    tiny SlowFast as without it (cuDNN and Triton pick other kernels: within float32's, and TF32's, rounding)."""
     torch.manual_seed(0)
     plain = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)  # train mode: batch statistics
     clip = next(clips(1, frames=16))[0]
     expected = forward_backward(plain, clip)
-    figures = {}
-    for key in ("CHANNELS_LAST", "COMPILE"):
-        cfg = validate_config({"DDP_CONFIG": {"DISTRIBUTED": False}, "CONFIG": {"TRAIN": {key: True}}})
-        model = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)
-        model.load_state_dict(plain.state_dict())
-        fast = wrap_ddp(prepare_model(model, cfg), single_process_context(cfg), cfg)
-        if key == "CHANNELS_LAST":
-            assert next(p for p in fast.parameters() if p.dim() == 5).is_contiguous(
-                memory_format=torch.channels_last_3d)
-        got = forward_backward(fast, clip.contiguous(memory_format=torch.channels_last_3d) if key == "CHANNELS_LAST"
-                               else clip)
-        errors = {part: relative_error(got[part], expected[part]) for part in ("out", "gradients")}
-        figures[key.lower()] = errors
-        assert max(errors.values()) < 1e-2, f"{key} against neither: {errors}"
-    return figures
+    cfg = validate_config({"DDP_CONFIG": {"DISTRIBUTED": False}, "CONFIG": {"TRAIN": {key: True}}})
+    model = build_model("slowfast_tiny", 3, dropout=0.0).to(CUDA)
+    model.load_state_dict(plain.state_dict())
+    fast = wrap_ddp(prepare_model(model, cfg), single_process_context(cfg), cfg)
+    if key == "CHANNELS_LAST":
+        assert next(p for p in fast.parameters() if p.dim() == 5).is_contiguous(memory_format=torch.channels_last_3d)
+        clip = clip.contiguous(memory_format=torch.channels_last_3d)
+    got = forward_backward(fast, clip)
+    errors = {part: relative_error(got[part], expected[part]) for part in ("out", "gradients")}
+    assert max(errors.values()) < 1e-2, f"{key} against neither: {errors}"
+    return {key.lower(): errors}
+
+
+def check_channels_last() -> dict[str, Any]:
+    return check_training_step_unchanged_by("CHANNELS_LAST")
+
+
+def check_compile() -> dict[str, Any]:
+    """torch.compile needs a C compiler and Python.h (trainer.hardware): without them, not checked, saying which."""
+    problem = compile_problem("cuda")
+    if problem is not None:
+        raise CannotCheck(f"compile: not checked, {problem.split(': ', 1)[1]}")
+    return check_training_step_unchanged_by("COMPILE")
 
 
 CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
     "amp": check_amp,
     "sync_bn": check_sync_bn,
+    "single_process_device": check_single_process_device,
     "gpu_crops": check_gpu_crops,
     "cuda_decoding": check_cuda_decoding,
-    "channels_last_and_compile": check_channels_last_and_compile,
+    "channels_last": check_channels_last,
+    "compile": check_compile,
 }
 
 

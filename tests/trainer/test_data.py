@@ -28,7 +28,7 @@ DATA_DEFAULTS: dict[str, Any] = {
     "TEST_NUM_SEGMENT": 1, "TEST_NUM_CROP": 1, "TEST_CROP_SIZE": 24,
     "CROP_SIZE": 24, "SHORT_SIDE_SIZE": 32, "NEW_HEIGHT": 32, "NEW_WIDTH": 40, "KEEP_ASPECT_RATIO": False,
     "NUM_WORKERS": 0, "PREFETCH_FACTOR": 2, "SCALE_JITTER": (1.0, 1.25), "RANDOM_FLIP": False, "MEAN": [], "STD": [],
-    "DECODER": "decord", "DECODER_DEVICE": "cpu",
+    "DECODER": "decord", "DECODER_DEVICE": "cpu", "DECODE_TIME_LIMIT": 60.0,
 }  # fmt: skip
 
 

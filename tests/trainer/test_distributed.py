@@ -112,6 +112,10 @@ def assert_world(recs: list[dict[str, Any]], world: int, per_node: int) -> None:
         assert rec["broadcast"] == "from rank 0"
         assert (rec["gpu_world_rank"], rec["gpu_world_size"], rec["gpu"]) == (rank, world, rec["local_rank"])
         assert rec["distributed"] and rec["group_initialized"] and rec["device"] == "cpu"
+        env = rec["env"]  # the worker's environment, as torchrun exports it
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rec["local_rank"]), str(world))
+        assert (env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == (str(per_node), str(rec["node_rank"]))
+        assert env["MASTER_ADDR"] in ("127.0.0.1", "localhost") and env["MASTER_PORT"].isdigit()
     assert len({rec["pid"] for rec in recs}) == world
     assert_precise_bn_averaged_over_ranks([rec["precise_bn"] for rec in recs])
 

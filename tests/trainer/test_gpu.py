@@ -22,6 +22,7 @@ import yaml
 from tests.conftest import ALL_GPUS, GPUS_ENV
 from tests.trainer._gpu_checks import EXIT_SKIP
 from tests.trainer.prepared_videos import KINETICS_LIKE, prepared_videos
+from tests.trainer.test_sync_bn import train_with_one_empty_batch
 from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
 
 CHECK_TIMEOUT_S = 300
@@ -104,6 +105,18 @@ def test_sync_batchnorm_forward_and_backward_match_batchnorm_over_the_whole_batc
     record_property("figures", json.dumps(figures))
 
 
+def test_sync_batchnorm_ranks_agree_on_a_batch_with_no_good_video(gpus: list[str], tmp_path: Path) -> None:
+    """Two GPUs over nccl, rank 1's second batch all bad: both ranks take the placeholder step together (without the
+    agreement rank 0 would wait in SyncBatchNorm's forward until the timeout)."""
+    train_with_one_empty_batch(tmp_path, "nccl", {**os.environ, "PYTHONPATH": str(REPO), **visible_env(needs(gpus, 2))})
+
+
+def test_a_single_process_run_uses_its_gpu(gpus: list[str], record_property: pytest.RecordProperty) -> None:
+    """DISTRIBUTED False with DDP_CONFIG.GPU 1: the current device is GPU 1, so what is allocated without a device
+    (a checkpoint snapshot's copies) lands there."""
+    record_property("figures", json.dumps(run_check("single_process_device", needs(gpus, 2))))
+
+
 def test_crops_made_on_the_gpu_match_the_cpus_within_a_level(
     gpus: list[str], record_property: pytest.RecordProperty
 ) -> None:
@@ -127,7 +140,11 @@ def test_decoder_device_cuda_frames_match_the_cpus(
     record_property("figures", json.dumps(run_check("cuda_decoding", needs(gpus, 1), h264_video)))
 
 
-def test_channels_last_and_compile_leave_a_training_step_unchanged(
+def test_channels_last_leaves_a_training_step_unchanged(
     gpus: list[str], record_property: pytest.RecordProperty
 ) -> None:
-    record_property("figures", json.dumps(run_check("channels_last_and_compile", needs(gpus, 1))))
+    record_property("figures", json.dumps(run_check("channels_last", needs(gpus, 1))))
+
+
+def test_compile_leaves_a_training_step_unchanged(gpus: list[str], record_property: pytest.RecordProperty) -> None:
+    record_property("figures", json.dumps(run_check("compile", needs(gpus, 1))))

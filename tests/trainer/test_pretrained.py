@@ -4,6 +4,7 @@ start from a model trained here and saved in a zoo's format, and prediction from
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import json
@@ -99,24 +100,60 @@ def test_fetch_weights_downloads_once_verifies_and_prints_the_path(
     mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = tmp_path / "cache"
-    code, out, _ = fetch("slowfast_tiny", "--base-url", mirror.url, capsys=capsys)
+    # A plain http mirror only when asked for: refused, naming the URL, before any request.
+    code, out, err = fetch("slowfast_tiny", "--base-url", mirror.url, capsys=capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and not mirror.requests
+    assert f"{mirror.url}/gluoncv/slowfast_tiny_kinetics400-12345678.pth: plain http" in err and "--allow-http" in err
+    code, out, err = fetch("slowfast_tiny", "--base-url", mirror.url, "--allow-http", capsys=capsys)
     path = cache / "gluoncv" / "slowfast_tiny_kinetics400-12345678.pth"
     assert code == 0 and out == f"{path}\n" and path.read_bytes() == (mirror.root / "gluoncv" / path.name).read_bytes()
     assert mirror.requests == ["/gluoncv/slowfast_tiny_kinetics400-12345678.pth"]
+    full = hashlib.sha256(path.read_bytes()).hexdigest()  # recorded for every kind, GluonCV's SHA-1 one included
+    assert f"sha256 {full}, recorded in {path.name}.sha256" in err
+    assert (cache / "gluoncv" / f"{path.name}.sha256").read_text().split()[0] == full
     assert fetch("slowfast_tiny", capsys=capsys)[0] == 0 and len(mirror.requests) == 1  # cached: no download
 
-    monkeypatch.setenv(zoo.URL_ENV, mirror.url)  # the environment's mirror, and the other checksum kinds
-    assert fetch("slow_tiny", capsys=capsys)[0] == 0
+    monkeypatch.setenv(zoo.URL_ENV, mirror.url)  # the environment's mirror (http asked for there too)
+    monkeypatch.setenv(zoo.ALLOW_HTTP_ENV, "1")
+    assert fetch("slow_tiny", capsys=capsys)[0] == 0  # and the other checksum kinds
     code, out, err = fetch("i3d_tiny", "--cache", str(tmp_path / "other"), capsys=capsys)
     recorded = hashlib.sha256((mirror.root / "pytorchvideo" / "I3D_TINY.pyth").read_bytes()).hexdigest()
     assert code == 0 and out.strip() == str(tmp_path / "other" / "pytorchvideo" / "I3D_TINY.pyth")
-    assert f"sha256 recorded on first fetch: {recorded}" in err
+    assert f"sha256 {recorded}, recorded in I3D_TINY.pyth.sha256 and checked on every use" in err
     assert (tmp_path / "other" / "pytorchvideo" / "I3D_TINY.pyth.sha256").read_text().split()[0] == recorded
+
+
+def test_every_use_checks_the_full_sha256_and_a_file_without_one_is_refused(
+    mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchvision's check is the 32-bit prefix in the file name: a forged file that matches it (simulated here by
+    moving the entry's prefix to the forgery's) is refused by the full SHA-256 recorded at fetch."""
+    monkeypatch.setenv(zoo.ALLOW_HTTP_ENV, "1")
+    assert fetch("slow_tiny", "--base-url", mirror.url, capsys=capsys)[0] == 0
+    cached = tmp_path / "cache" / "pyslowfast" / "SLOW_TINY-abcdef12.pkl"
+    forged = cached.read_bytes() + b"forged"
+    cached.write_bytes(forged)
+    entry = zoo.entry_for("slow_tiny")
+    collided = dataclasses.replace(entry, checksum=hashlib.sha256(forged).hexdigest()[:8])
+    monkeypatch.setattr(zoo, "ZOO", tuple(collided if e is entry else e for e in zoo.ZOO))
+    with pytest.raises(zoo.WeightsError, match=r"checksum mismatch for the pyslowfast weights of slow_tiny \(sha256 "):
+        zoo.verify(collided, cached, "slow_tiny")
+    assert fetch("slow_tiny", capsys=capsys)[0] == 2
+
+    # A file of a source that publishes no checksum, copied in without its record: refused, saying how to fix it.
+    assert fetch("i3d_tiny", "--base-url", mirror.url, capsys=capsys)[0] == 0
+    pyth = tmp_path / "cache" / "pytorchvideo" / "I3D_TINY.pyth"
+    pyth.with_name("I3D_TINY.pyth.sha256").unlink()
+    code, _, err = fetch("i3d_tiny", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "I3D_TINY.pyth: no record of its SHA-256 (I3D_TINY.pyth.sha256)" in err
+    assert "fetch it again with 'python -m trainer fetch-weights i3d_tiny'" in err
 
 
 def test_unknown_names_and_checksum_mismatches_are_one_line_errors(
     mirror: Mirror, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(zoo.ALLOW_HTTP_ENV, "1")
     code, out, err = fetch("slowfast_4x16_tiny", "--base-url", mirror.url, capsys=capsys)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "'slowfast_4x16_tiny' has no published Kinetics weights" in err and not mirror.requests
@@ -131,7 +168,7 @@ def test_unknown_names_and_checksum_mismatches_are_one_line_errors(
     cached = tmp_path / "cache" / "pytorchvideo" / "I3D_TINY.pyth"
     cached.write_bytes(cached.read_bytes()[:-1] + b"\1")  # changed after its first fetch
     code, _, err = fetch("i3d_tiny", capsys=capsys)
-    assert code == 2 and "recorded" in err and "checksum mismatch" in err
+    assert code == 2 and "(sha256 " in err and "checksum mismatch" in err
 
 
 def test_pretrained_loads_the_cache_never_downloads_and_sets_the_sources_normalisation(
@@ -146,7 +183,7 @@ def test_pretrained_loads_the_cache_never_downloads_and_sets_the_sources_normali
     assert "the pytorchvideo weights of i3d_tiny are not at" in err
     assert "python -m trainer fetch-weights i3d_tiny" in err
 
-    assert fetch("i3d_tiny", "--base-url", mirror.url, capsys=capsys)[0] == 0
+    assert fetch("i3d_tiny", "--base-url", mirror.url, "--allow-http", capsys=capsys)[0] == 0
     train.main(["--config-file", str(cfg_path)])  # in this process (not distributed): the node-side path
     out = capsys.readouterr().out
     assert "initialised from the pytorchvideo Kinetics-400 weights: loaded" in out

@@ -4,14 +4,18 @@ separated.
 Paths are relative to a data root (absolute paths are used as they are) and may hold spaces (Kinetics class
 folders such as `air drumming/`): a line is read from the right, the label last, then the frame count if the
 token before the label is an integer. Blank lines and `#` comments are skipped.
-`write_annotations_from_tree` builds train/val lists and a class index from a `root/<class_name>/<video>` tree.
+`write_annotations_from_tree` builds train/val lists and a class index from a `root/<class_name>/<video>` tree;
+`read_kinetics_csv` reads Kinetics' annotation CSVs (trainer.data.prepare makes a dataset of them).
 """
 
 from __future__ import annotations
 
+import csv
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainer.errors import UserError
 
@@ -54,13 +58,14 @@ def _split_fields(line: str) -> list[str]:
     return tokens
 
 
-def _parse_int(text: str, what: str, where: str) -> int:
+def _parse_number(text: str, what: str, where: str, kind: type[int] | type[float] = int) -> Any:
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise AnnotationError(f"{where}: {what} must be an integer, got {text!r}") from None
+        noun = "an integer" if kind is int else "a number"
+        raise AnnotationError(f"{where}: {what} must be {noun}, got {text!r}") from None
     if value < 0:
-        raise AnnotationError(f"{where}: {what} must be >= 0, got {value}")
+        raise AnnotationError(f"{where}: {what} must be >= 0, got {text}")
     return value
 
 
@@ -72,8 +77,8 @@ def parse_annotation_line(line: str, data_root: str | Path, where: str) -> Video
             f"{where}: expected 'path label' or 'path num_frames label' (space or comma separated), "
             f"got {line!r}"
         )
-    num_frames = _parse_int(fields[1], "num_frames", where) if len(fields) == 3 else None
-    label = _parse_int(fields[-1], "label", where)
+    num_frames = _parse_number(fields[1], "num_frames", where) if len(fields) == 3 else None
+    label = _parse_number(fields[-1], "label", where)
     return VideoRecord(path=str(Path(data_root) / fields[0]), label=label, num_frames=num_frames)
 
 
@@ -99,6 +104,61 @@ def read_annotations(
     return records
 
 
+@dataclass(frozen=True)
+class KineticsClip:
+    """One row of a Kinetics-style annotation CSV."""
+
+    split: str
+    label: str
+    youtube_id: str
+    start: float  # seconds into the YouTube video
+    end: float
+    where: str  # file:line
+
+    @property
+    def name(self) -> str:
+        """The clip's file name without extension, as the Kinetics downloaders (ActivityNet's, MMAction2's) write
+        it: <youtube_id>_<start:06d>_<end:06d>."""
+        return f"{self.youtube_id}_{int(self.start):06d}_{int(self.end):06d}"
+
+
+KINETICS_COLUMNS = ("label", "youtube_id", "time_start", "time_end", "split")
+
+
+def _folder_name(text: str, what: str, where: str) -> str:
+    if not text or text.startswith(".") or "/" in text or "\0" in text:
+        raise AnnotationError(f"{where}: {what} {text!r} cannot name a folder (empty, starts with '.', or has '/')")
+    return text
+
+
+def read_kinetics_csv(path: str | Path) -> Iterator[KineticsClip]:
+    """The clips of a Kinetics-style CSV: a header naming at least label, youtube_id, time_start, time_end and split
+    (Kinetics' own files also have is_cc, ignored); the label, id and split each name a folder. Bad input names the
+    file and line."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = csv.DictReader(f)
+            missing = [column for column in KINETICS_COLUMNS if column not in (rows.fieldnames or [])]
+            if missing:
+                raise AnnotationError(f"{path}: no column {', '.join(missing)} (a Kinetics-style CSV's header is "
+                                      f"{','.join(KINETICS_COLUMNS)})")
+            for row in rows:
+                where = f"{path}:{rows.line_num}"
+                if any(row.get(column) is None for column in KINETICS_COLUMNS):
+                    raise AnnotationError(f"{where}: {len(rows.fieldnames or [])} fields expected, fewer found")
+                start = _parse_number(row["time_start"], "time_start", where, float)
+                end = _parse_number(row["time_end"], "time_end", where, float)
+                if end <= start:
+                    raise AnnotationError(f"{where}: time_end {row['time_end']} is not after time_start "
+                                          f"{row['time_start']}")
+                yield KineticsClip(*(_folder_name(row[c].strip(), c, where) for c in ("split", "label", "youtube_id")),
+                                   start, end, where)
+    except OSError as exc:
+        raise AnnotationError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise AnnotationError(f"{path}: not a CSV file ({exc})") from None
+
+
 def read_class_index(path: str | Path) -> list[str]:
     """Class names in label order: one name per line, or UCF101-style `index name` lines (0- or 1-based).
 
@@ -110,6 +170,11 @@ def read_class_index(path: str | Path) -> list[str]:
     if split and all(len(parts) == 2 and parts[0].isdigit() for parts in split):
         return [name for _, name in sorted((int(index), name) for index, name in split)]
     return lines
+
+
+def annotation_line(path: str, num_frames: int, label: int) -> str:
+    """One line of a GluonCV list, as parse_annotation_line reads it back (the path may hold spaces)."""
+    return f"{path} {num_frames} {label}\n"
 
 
 def write_class_index(path: str | Path, classes: list[str]) -> None:
@@ -167,7 +232,7 @@ def write_annotations_from_tree(
                 skipped.append((str(video), str(exc)))
                 continue
             split = "val" if i < num_val else "train"
-            lines[split].append(f"{video.relative_to(root).as_posix()} {frames} {label}\n")
+            lines[split].append(annotation_line(video.relative_to(root).as_posix(), frames, label))
     out_dir.mkdir(parents=True, exist_ok=True)
     for split, entries in lines.items():
         (out_dir / f"{split}.txt").write_text("".join(sorted(entries)))

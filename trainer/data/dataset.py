@@ -21,6 +21,11 @@ process only normalises.
 
 A video that is missing, empty or cannot be decoded yields `{'bad': (path, reason), 'index': i}` instead of a
 clip. A clip that `auto` decoded with torchcodec carries `'fallback': (path, why decord could not open it)`.
+
+A video whose decoding ran out of time (DATA.DECODE_TIME_LIMIT: "decoding took longer than N s") would hang again:
+the dataset remembers it in memory its DataLoader workers share, and every later item of it (another view, the next
+epoch, in any worker) is that bad video at once. The training process tells it the ones other ranks found, and the
+ones a resumed run's checkpoint names (`skip_timed_out`).
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ import torch
 from torch.utils.data import Dataset
 
 from trainer.data.annotations import VideoRecord, read_annotations
-from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, DecoderChoice
+from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, DecoderChoice, DecodeTimeout
 from trainer.data.multigrid import Grid
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
+from trainer.data.timelimit import exceeded_reason, is_exceeded
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, crop_positions, eval_crop, make_crop, train_crop
 
 if TYPE_CHECKING:
@@ -69,6 +75,7 @@ class ClipSpec:
     # Defaults for checkpoints whose recorded clip settings predate DECODER: decord was then the only decoder.
     decoder: DecoderChoice = "decord"
     decoder_device: str = "cpu"
+    decode_time_limit: float = 0.0  # seconds per clip (0: none; and for checkpoints that predate the limit)
 
     @classmethod
     def from_config(cls, cfg: Config) -> ClipSpec:
@@ -93,6 +100,7 @@ class ClipSpec:
             std=tuple(data.STD) or IMAGENET_STD,
             decoder=data.DECODER,
             decoder_device=data.DECODER_DEVICE,
+            decode_time_limit=data.DECODE_TIME_LIMIT,
         )
 
     @property
@@ -122,7 +130,9 @@ class VideoClipDataset(Dataset):
         self.seed = seed
         self.crop_positions = crop_positions(spec.test_num_crop)
         self.crop_on_device = crop_on_device  # else the crop is made here, as uint8 (make_crop)
-        self.decoder = ClipDecoder(spec.decoder, spec.decode_size, spec.decoder_device, gpu)
+        self.decoder = ClipDecoder(spec.decoder, spec.decode_size, spec.decoder_device, gpu, spec.decode_time_limit)
+        # 1 for each video whose decoding ran out of time, in memory the DataLoader workers (forked later) share
+        self._timed_out = torch.zeros(len(records), dtype=torch.uint8).share_memory_()
 
     @property
     def views_per_video(self) -> int:
@@ -136,13 +146,26 @@ class VideoClipDataset(Dataset):
         index, epoch, grid = (key, 0, None) if isinstance(key, int) else (*key, None)[:3]
         video_index, view = divmod(index, self.views_per_video)
         record = self.records[video_index]
+        if self._timed_out[video_index]:
+            return {"bad": (record.path, exceeded_reason(self.spec.decode_time_limit)), "index": index}
         try:
             item = self._load(record, view, epoch, index, grid)
         except BadVideo as exc:
+            if isinstance(exc, DecodeTimeout):
+                self._timed_out[video_index] = 1
             return {"bad": (record.path, str(exc)), "index": index}
         if self.split == "test":
             item["video_index"] = video_index
         return item
+
+    def skip_timed_out(self, bad: list[tuple[str, str]]) -> None:
+        """Of these (path, reason) bad videos, the ones whose decoding ran out of time are not decoded again."""
+        paths = {path for path, reason in bad if is_exceeded(reason)}
+        if not paths:
+            return
+        for video_index, record in enumerate(self.records):
+            if record.path in paths:
+                self._timed_out[video_index] = 1
 
     def _load(self, record: VideoRecord, view: int, epoch: int, index: int, grid: Grid | None) -> dict[str, Any]:
         spec = self.spec

@@ -22,6 +22,10 @@ differ by a few levels at colour edges (about 3 on average on the tests' per-pix
 
 The readers are opened where the clip is decoded, i.e. inside the DataLoader worker; nothing here is shared
 between processes. Errors a video causes become `BadVideo` with a one-line reason.
+
+Time limit (CONFIG.DATA.DECODE_TIME_LIMIT, CPU decoding): the readers then live in the decoding process's helper
+(trainer.data.timelimit), and a clip that is not decoded in time, or whose decoder crashes, is a bad video
+(`DecodeTimeout`: "decoding took longer than N s") instead of a hung or dead worker.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import decord
 import numpy as np
 import torch
 
+from trainer.data.timelimit import Deadline, State, TimeLimit, TimeLimitExceeded
 from trainer.errors import UserError, first_line
+from trainer.hardware import decoder_device_problem
 
 Backend = Literal["decord", "torchcodec"]
 DecoderChoice = Literal["decord", "torchcodec", "auto"]
@@ -52,6 +58,10 @@ decord.logging.set_level(decord.logging.QUIET)
 
 class BadVideo(Exception):
     """A video that cannot give a clip; the message is the reason reported to the user."""
+
+
+class DecodeTimeout(BadVideo):
+    """A video whose clip was not decoded within the time limit: it would hang again, so it is not tried again."""
 
 
 class DecoderUnavailable(UserError):
@@ -147,6 +157,31 @@ READERS: dict[Backend, Callable[[str, tuple[int, int], str], VideoReader]] = {
 }
 
 
+class HelperReader:
+    """A reader of one backend that lives in the decoding process's helper (trainer.data.timelimit): opening it and
+    reading frames are calls that must end before the clip's deadline."""
+
+    def __init__(self, backend: Backend, path: str, size: tuple[int, int], device: str, within: Deadline) -> None:
+        self.backend = backend
+        self._within = within
+        self._length: int = within.call(_open_in_helper, backend, path, size, device)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def get_frames(self, indices: list[int]) -> torch.Tensor:
+        return self._within.call(_read_in_helper, indices)
+
+
+def _open_in_helper(state: State, backend: Backend, path: str, size: tuple[int, int], device: str) -> int:
+    state["reader"] = reader = READERS[backend](path, size, device)
+    return len(reader)
+
+
+def _read_in_helper(state: State, indices: list[int]) -> torch.Tensor:
+    return state["reader"].get_frames(indices)
+
+
 @functools.cache
 def _warn_once(message: str) -> None:
     log.warning(message)
@@ -166,29 +201,22 @@ def torchcodec_problem() -> str | None:
     return None
 
 
-def torchcodec_cuda_build() -> bool:
-    """Whether the installed torchcodec was built with CUDA (its wheel's local version says so: 0.17.0+cu130)."""
-    import torchcodec
-
-    return "+cu" in torchcodec.__version__
-
-
 @functools.cache
 def decode_device(requested: str, gpu: int = 0) -> str:
-    """Where torchcodec decodes: 'cuda:<gpu>' when a GPU and a CUDA-enabled torchcodec exist, else 'cpu' and a
-    warning saying why (once per process)."""
+    """Where torchcodec decodes: 'cuda:<gpu>' when a GPU and a CUDA-enabled torchcodec exist; 'cpu' and a warning
+    saying why (once per process) when no GPU is visible; DecoderUnavailable naming the build to install when
+    torchcodec is a CPU-only build (it would decode in the training process, which has no workers then)."""
     if requested == "cpu":
         return "cpu"
     if not torch.cuda.is_available():
-        problem = "no GPU is visible"
-    elif not torchcodec_cuda_build():
-        import torchcodec
+        log.warning("CONFIG.DATA.DECODER_DEVICE is cuda but no GPU is visible: torchcodec decodes on the CPU")
+        return "cpu"
+    import torchcodec
 
-        problem = f"torchcodec {torchcodec.__version__} is a CPU-only build"
-    else:
-        return f"cuda:{gpu}"
-    log.warning("CONFIG.DATA.DECODER_DEVICE is cuda but %s: torchcodec decodes on the CPU", problem)
-    return "cpu"
+    problem = decoder_device_problem(requested, torchcodec.__version__, torch.version.cuda)
+    if problem is not None:
+        raise DecoderUnavailable(problem)
+    return f"cuda:{gpu}"
 
 
 def check_file(path: str) -> None:
@@ -205,11 +233,17 @@ def check_file(path: str) -> None:
         raise BadVideo("empty file (0 bytes)")
 
 
-def open_reader(backend: Backend, path: str, size: tuple[int, int] = NATIVE, device: str = "cpu") -> VideoReader:
-    """Open a video with one backend; BadVideo says why not."""
+def open_reader(
+    backend: Backend, path: str, size: tuple[int, int] = NATIVE, device: str = "cpu", within: Deadline | None = None
+) -> VideoReader:
+    """Open a video with one backend (in this process, or in its helper by the deadline ``within``); BadVideo says
+    why not."""
     check_file(path)
     try:
-        reader = READERS[backend](path, size, device)
+        reader = READERS[backend](path, size, device) if within is None else HelperReader(
+            backend, path, size, device, within)
+    except TimeLimitExceeded as exc:
+        raise DecodeTimeout(str(exc)) from exc
     except Exception as exc:  # decord raises RuntimeError or DECORDError (not a RuntimeError), torchcodec ValueError
         raise BadVideo(f"cannot open: {decoder_error(exc)}") from exc
     if len(reader) == 0:
@@ -222,6 +256,8 @@ def read_frames(reader: VideoReader, indices: np.ndarray) -> torch.Tensor:
     unique, inverse = np.unique(indices, return_inverse=True)
     try:
         frames = reader.get_frames(unique.tolist())
+    except TimeLimitExceeded as exc:
+        raise DecodeTimeout(str(exc)) from exc
     except Exception as exc:  # a truncated file can open and then fail on the missing frames
         raise BadVideo(f"cannot decode frames: {decoder_error(exc)}") from exc
     if len(unique) == len(indices) and (unique == indices).all():
@@ -238,10 +274,14 @@ class ClipDecoder:
     """Decodes clips with CONFIG.DATA.DECODER at a decode size; cheap to pickle into DataLoader workers.
 
     `device` is CONFIG.DATA.DECODER_DEVICE ('cpu' or 'cuda', torchcodec only) and `gpu` the process's GPU index.
+    `time_limit` (CONFIG.DATA.DECODE_TIME_LIMIT, seconds; 0: none): each clip, on the CPU, is decoded in this
+    process's helper by that deadline (trainer.data.timelimit). Decoding on a GPU stays in this process: a forked
+    helper cannot use CUDA.
     """
 
     def __init__(
-        self, choice: DecoderChoice = "decord", size: tuple[int, int] = NATIVE, device: str = "cpu", gpu: int = 0
+        self, choice: DecoderChoice = "decord", size: tuple[int, int] = NATIVE, device: str = "cpu", gpu: int = 0,
+        time_limit: float = 0.0,
     ) -> None:
         if choice != "decord":
             problem = torchcodec_problem()
@@ -253,21 +293,29 @@ class ClipDecoder:
         # auto: videos decord could not open in this process, and why; they go straight to torchcodec next time.
         self._decord_cannot_open: dict[str, str] = {}
         self._fitted: dict[str, tuple[int, int]] = {}  # clip(short_side=...): each video's decode size
+        self.time_limit = TimeLimit(time_limit) if time_limit > 0 and self.device == "cpu" else None
 
-    def open(self, path: str, size: tuple[int, int] | None = None) -> tuple[VideoReader, str | None]:
-        """The reader of a video, and (auto only) why decord could not open it when torchcodec did."""
+    def open(
+        self, path: str, size: tuple[int, int] | None = None, within: Deadline | None = None
+    ) -> tuple[VideoReader, str | None]:
+        """The reader of a video (in the helper, by ``within``), and (auto only) why decord could not open it when
+        torchcodec did. A video that ran out of time is not given to the other decoder: it is bad."""
         size = self.size if size is None else size
         if self.choice != "auto":
-            return open_reader(self.choice, path, size, self.device), None
+            return open_reader(self.choice, path, size, self.device, within), None
         check_file(path)
         reason = self._decord_cannot_open.get(path)
         if reason is None:
             try:
-                return open_reader("decord", path, size), None
+                return open_reader("decord", path, size, within=within), None
+            except DecodeTimeout:
+                raise
             except BadVideo as exc:
                 reason = self._decord_cannot_open[path] = str(exc)
         try:
-            return open_reader("torchcodec", path, size), reason
+            return open_reader("torchcodec", path, size, within=within), reason
+        except DecodeTimeout:
+            raise
         except BadVideo as exc:
             raise BadVideo(f"decord: {reason}; torchcodec: {exc}") from exc
 
@@ -280,27 +328,30 @@ class ClipDecoder:
         by path: the first clip of a larger video is decoded a second time at the smaller size, so every clip of it,
         in any worker and any epoch, is decoded the same way."""
         size = self._fitted.get(path, self.size) if short_side is not None and self.size == NATIVE else self.size
-        clip, indices = self._decode(path, sample, size)
+        within = self.time_limit.start() if self.time_limit is not None else None  # one deadline for the clip
+        clip, indices = self._decode(path, sample, size, within)
         if short_side is None or self.size != NATIVE or path in self._fitted:
             return clip
         height, width = clip.frames.shape[1:3]
         self._fitted[path] = fitted = fit_short_side((width, height), short_side)
         # the same frames again (``sample`` may draw random numbers: it is called once per clip)
-        return clip if fitted == NATIVE else self._decode(path, lambda _: indices, fitted)[0]
+        return clip if fitted == NATIVE else self._decode(path, lambda _: indices, fitted, within)[0]
 
     def _decode(
-        self, path: str, sample: Callable[[int], np.ndarray], size: tuple[int, int]
+        self, path: str, sample: Callable[[int], np.ndarray], size: tuple[int, int], within: Deadline | None
     ) -> tuple[Clip, np.ndarray]:
-        reader, fallback = self.open(path, size)
+        reader, fallback = self.open(path, size, within)
         indices = sample(len(reader))
         try:
             return Clip(read_frames(reader, indices), fallback), indices
+        except DecodeTimeout:
+            raise
         except BadVideo:
             if reader.backend != "decord" or size == NATIVE:
                 raise
         # decord mis-sizes some resized outputs (dmlc/decord#336, e.g. width 48); the native size always works
         # and the transforms resize anyway, so retry before calling the video bad.
-        return Clip(read_frames(open_reader("decord", path), indices), fallback), indices
+        return Clip(read_frames(open_reader("decord", path, within=within), indices), fallback), indices
 
 
 def fit_short_side(size: tuple[int, int], short_side: int) -> tuple[int, int]:

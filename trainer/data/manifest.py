@@ -6,8 +6,9 @@ writes it to every node and moves only the files a node lacks or holds wrong; ``
 Standard library only and runnable as a script: the stager runs this file with the controller's Python and with every
 node's own python3 (no trainer install needed there):
 
-    manifest.py build SRC OUT [--source TEXT]   SRC's manifest into OUT; OUT's hashes are reused for files whose
-                                                size and mtime it records (a rebuild reads only what changed)
+    manifest.py build SRC OUT [--source TEXT]   SRC's manifest into OUT; OUT's hashes, and those of SRC's own
+                                                manifest, are reused for files whose size and mtime they record (a
+                                                rebuild reads only what changed)
     manifest.py verify DIR [--manifest FILE] [--need FILE] [--checksum] [--read-only]
                                                 DIR against DIR/.vidcluster-manifest.json (first made a copy of
                                                 --manifest FILE), as a JSON report; the files to copy go to --need
@@ -22,6 +23,7 @@ set to the manifest's). --checksum hashes every file, for damage that kept size 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -138,11 +140,12 @@ def walk(root: str) -> Iterator[tuple[str, os.stat_result]]:
 
 def build(src: str, out: str, source: str) -> dict[str, object]:
     """Write src's manifest to out (untouched when it would not change); hashes out already holds for a file of the
-    same size and mtime are reused. Returns what was done."""
-    try:
-        known = {e.path: e for e in read_manifest(out)[0].entries}
-    except ManifestError:
-        known = {}
+    same size and mtime are reused, and so are those of src's own manifest (a staged copy's, or the one
+    trainer/data/prepare.py writes with the hashes it took while making the files). Returns what was done."""
+    known: dict[str, Entry] = {}
+    for seed in (os.path.join(src, MANIFEST), out):
+        with contextlib.suppress(ManifestError):
+            known.update({e.path: e for e in read_manifest(seed)[0].entries})
     files = list(walk(src))
 
     def entry(item: tuple[str, os.stat_result]) -> Entry:
@@ -179,6 +182,16 @@ def install(folder: str, manifest_file: str) -> None:
     except OSError:
         pass
     write_atomically(target, text)
+
+
+def point(handle: str, target: str) -> None:
+    """Make the symlink handle -> target (replaced atomically when it points elsewhere): the node scripts' remote
+    paths are such handles, plain words, so no path of the user's reaches a shell."""
+    if os.path.islink(handle) and os.readlink(handle) == target:
+        return
+    tmp = f"{handle}.{os.getpid()}.tmp"
+    os.symlink(target, tmp)
+    os.replace(tmp, handle)
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -44,6 +44,7 @@ STANDBY_ENV = "VIDCLUSTER_STANDBY"
 # -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
 WEIGHTS_CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
 WEIGHTS_URL_ENV = "VIDCLUSTER_WEIGHTS_URL"
+WEIGHTS_ALLOW_HTTP_ENV = "VIDCLUSTER_WEIGHTS_ALLOW_HTTP"  # "1": a plain http mirror is asked for
 WEIGHTS_TABLE_ENV = "VIDCLUSTER_WEIGHTS_TABLE"
 WEIGHTS_CACHE = "~/.cache/vidcluster/weights"  # without $VIDCLUSTER_WEIGHTS_CACHE; "~": the node's home
 
@@ -57,6 +58,7 @@ METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 DIGEST_FILE = "weights_digest.json"
 RUN_CONFIG_FILE = "config.yaml"
+BAD_VIDEOS_FILE = "bad_videos.json"  # every video the run could not use, every rank's, with its reason
 RUN_NAME_TIME = "%Y-%m-%d-%H-%M-%S"  # EXP_NAME use_time: the start time, as GluonCV names a run
 
 # -- ranks -----------------------------------------------------------------------------------------------------------
@@ -65,7 +67,7 @@ COPY_NODE_RANK = 1  # the node that keeps the second copy of the checkpoints and
 
 def run_files(log_filename: str) -> list[str]:
     """The run directory's files the launcher collects from the rank-0 node when a job ends, required ones first."""
-    return [METRICS_FILE, STATUS_FILE, CURVES_FILE, log_filename, DIGEST_FILE, RUN_CONFIG_FILE]
+    return [METRICS_FILE, STATUS_FILE, CURVES_FILE, log_filename, DIGEST_FILE, RUN_CONFIG_FILE, BAD_VIDEOS_FILE]
 
 
 def run_name(when: float | None = None) -> str:

@@ -6,16 +6,21 @@ line saying how to fetch when the file is not there.
 
 Cache layout: ``<cache>/<source>/<file name as published>``, e.g.
 ``~/.cache/vidcluster/weights/gluoncv/slowfast_8x8_resnet50_kinetics400-e94e9a57.pth``. A mirror is a directory laid
-out the same way, served over HTTP(S): with ``VIDCLUSTER_WEIGHTS_URL=http://host/dir`` (or ``--base-url``) a file is
-fetched from ``http://host/dir/<source>/<file>`` instead of the source's own site.
+out the same way, served over HTTPS: with ``VIDCLUSTER_WEIGHTS_URL=https://host/dir`` (or ``--base-url``) a file is
+fetched from ``https://host/dir/<source>/<file>`` instead of the source's own site. Plain http (which anyone on the way
+can read and change) is refused unless asked for: ``--allow-http`` or ``VIDCLUSTER_WEIGHTS_ALLOW_HTTP=1``.
 
-Checksums, by what each source publishes (``checksum_kind``):
+Checksums. A download is checked against what its source publishes (``checksum_kind``):
 
 * ``sha1``: the full SHA-1 that GluonCV publishes for each file (gluoncv 0.10.5, ``torch/model_zoo/model_store.py``).
-* ``sha256-prefix``: the leading SHA-256 hex digits that torchvision puts in the file name (torchvision's own check).
-* ``recorded``: PySlowFast and pytorchvideo publish no checksum. The SHA-256 is recorded next to the file on first
-  fetch (``<file>.sha256``), printed, and every later use is verified against that record.
+* ``sha256-prefix``: the leading SHA-256 hex digits that torchvision puts in the file name (torchvision's own check:
+  32 bits, which a forger can match).
+* ``recorded``: PySlowFast and pytorchvideo publish no checksum; nothing to check the download against.
 * ``sha256``: the full SHA-256, for a site's own table (below).
+
+Then the file's full SHA-256 is recorded next to it (``<file>.sha256``) and printed, and every later use (the
+trainer on each node, a later fetch) checks the full SHA-256: the entry's own for ``sha256`` entries, else the record,
+and a file without one is refused (fetching it again records it). The launcher ships the record with the file.
 
 Each entry records the clip its weights were trained on (:class:`TrainedClip`: frames, sampling rate, crop size), as
 its source publishes it; a run that starts from the weights trains on that clip unless it says otherwise
@@ -42,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from trainer.runtime.contract import WEIGHTS_ALLOW_HTTP_ENV as ALLOW_HTTP_ENV
 from trainer.runtime.contract import WEIGHTS_CACHE as DEFAULT_CACHE
 from trainer.runtime.contract import WEIGHTS_CACHE_ENV as CACHE_ENV
 from trainer.runtime.contract import WEIGHTS_TABLE_ENV as TABLE_ENV
@@ -49,6 +55,7 @@ from trainer.runtime.contract import WEIGHTS_URL_ENV as URL_ENV
 from trainer.weights.formats import WeightsError
 
 RECORD_SUFFIX = ".sha256"
+CHECKSUM_KINDS = ("sha1", "sha256-prefix", "recorded", "sha256")
 
 IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)  # GluonCV
 KINETICS = ((0.45, 0.45, 0.45), (0.225, 0.225, 0.225))  # PySlowFast and pytorchvideo
@@ -168,12 +175,19 @@ def site_entries() -> tuple[ZooEntry, ...]:
         return ()
     try:
         rows = json.loads(Path(path).expanduser().read_text())
-        return tuple(ZooEntry(str(r["source"]), str(r["url"]), str(r["format"]), str(r["checksum_kind"]),
-                              str(r.get("checksum", "")), tuple(r["mean"]), tuple(r["std"]),
-                              tuple(str(m).lower() for m in r["models"]), TrainedClip(*map(int, r["clip"])))
-                     for r in rows)
+        table = tuple(ZooEntry(str(r["source"]), str(r["url"]), str(r["format"]), str(r["checksum_kind"]),
+                               str(r.get("checksum", "")), tuple(r["mean"]), tuple(r["std"]),
+                               tuple(str(m).lower() for m in r["models"]), TrainedClip(*map(int, r["clip"])))
+                      for r in rows)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise WeightsError(f"${TABLE_ENV} {path}: not a table of weights ({type(exc).__name__}: {exc})") from None
+    for entry in table:
+        if entry.checksum_kind not in CHECKSUM_KINDS:
+            raise WeightsError(f"${TABLE_ENV} {path}: {entry.file}: checksum_kind {entry.checksum_kind!r}, not one of "
+                               f"{', '.join(CHECKSUM_KINDS)}")
+        if entry.checksum_kind == "sha256" and not re.fullmatch(r"[0-9a-f]{64}", entry.checksum):
+            raise WeightsError(f"${TABLE_ENV} {path}: {entry.file}: a sha256 checksum is 64 lower-case hex digits")
+    return table
 
 
 def entries() -> tuple[ZooEntry, ...]:
@@ -207,9 +221,20 @@ def cached_path(entry: ZooEntry, cache: str | Path | None = None) -> Path:
     return cache_dir(cache) / entry.source / entry.file
 
 
-def source_url(entry: ZooEntry, base_url: str | None = None) -> str:
+def source_url(entry: ZooEntry, base_url: str | None = None, allow_http: bool = False) -> str:
+    """Where to download ``entry`` from: the mirror's copy (``base_url``, else $VIDCLUSTER_WEIGHTS_URL) or the
+    source's; WeightsError for an http URL unless ``allow_http`` (or $VIDCLUSTER_WEIGHTS_ALLOW_HTTP=1)."""
     base = base_url or os.environ.get(URL_ENV)
-    return f"{base.rstrip('/')}/{entry.source}/{entry.file}" if base else entry.url
+    url = f"{base.rstrip('/')}/{entry.source}/{entry.file}" if base else entry.url
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "https" or (scheme == "http" and (allow_http or os.environ.get(ALLOW_HTTP_ENV) == "1")):
+        return url
+    if scheme == "http":
+        raise WeightsError(
+            f"{url}: plain http, which anyone on the way can read and change; use an https mirror, or ask for this "
+            f"one explicitly with --allow-http (or {ALLOW_HTTP_ENV}=1)"
+        )
+    raise WeightsError(f"{url}: not an http(s) URL")
 
 
 def _digests(path: Path) -> tuple[str, str]:
@@ -221,38 +246,57 @@ def _digests(path: Path) -> tuple[str, str]:
     return sha1.hexdigest(), sha256.hexdigest()
 
 
-def verify(entry: ZooEntry, path: Path, model_name: str) -> str:
-    """Check ``path`` against the entry's checksum (or the SHA-256 recorded at fetch); returns the SHA-256.
+def record_path(path: Path) -> Path:
+    """Where a fetched file's full SHA-256 is recorded."""
+    return path.with_name(path.name + RECORD_SUFFIX)
 
-    A file without any checksum to check (a recorded-kind file copied without its record) passes: nothing published
-    says what it should be; :func:`fetch` is where such files get their record."""
+
+def _mismatch(path: Path, entry: ZooEntry, model_name: str, what: str, actual: str, expected: str) -> WeightsError:
+    return WeightsError(f"{path}: checksum mismatch for the {entry.source} weights of {model_name} ({what} {actual}, "
+                        f"expected {expected}); delete it and fetch again")
+
+
+def check_published(entry: ZooEntry, path: Path, model_name: str) -> str:
+    """Check ``path`` against what the entry's source publishes (nothing for ``recorded``); returns its SHA-256."""
     sha1, sha256 = _digests(path)
-    if entry.checksum_kind == "sha1":
-        expected, actual = entry.checksum, sha1
-    elif entry.checksum_kind == "sha256":
-        expected, actual = entry.checksum, sha256
-    elif entry.checksum_kind == "sha256-prefix":
-        expected, actual = entry.checksum, sha256[: len(entry.checksum)]
-    else:
-        record = path.with_name(path.name + RECORD_SUFFIX)
-        expected = record.read_text().split()[0] if record.is_file() else sha256
-        actual = sha256
-    if actual != expected:
-        raise WeightsError(
-            f"{path}: checksum mismatch for the {entry.source} weights of {model_name} "
-            f"({entry.checksum_kind} {actual}, expected {expected}); delete it and fetch again"
-        )
+    actual = {"sha1": sha1, "sha256": sha256, "sha256-prefix": sha256[: len(entry.checksum)]}.get(entry.checksum_kind)
+    if actual is not None and actual != entry.checksum:
+        raise _mismatch(path, entry, model_name, entry.checksum_kind, actual, entry.checksum)
     return sha256
 
 
-def fetch(model_name: str, cache: str | Path | None = None, base_url: str | None = None) -> Path:
-    """Download the weights of ``model_name`` into the cache unless they are there; verify; return the path."""
+def verify(entry: ZooEntry, path: Path, model_name: str) -> str:
+    """Check ``path`` against the published checksum and its full SHA-256 (the entry's, else the record written when
+    it was fetched); returns the SHA-256. A file without a full SHA-256 to check is refused."""
+    record = record_path(path)
+    if entry.checksum_kind == "sha256":
+        expected = entry.checksum
+    elif record.is_file():
+        expected = next(iter(record.read_text().split()), "")
+    else:
+        raise WeightsError(
+            f"{path}: no record of its SHA-256 ({record.name}): it was not fetched here, or its record was lost; "
+            f"delete it and fetch it again with 'python -m trainer fetch-weights {model_name}'"
+        )
+    sha256 = check_published(entry, path, model_name)
+    if sha256 != expected:
+        raise _mismatch(path, entry, model_name, "sha256", sha256, expected or "(an empty record)")
+    return sha256
+
+
+def fetch(model_name: str, cache: str | Path | None = None, base_url: str | None = None,
+          allow_http: bool = False) -> Path:
+    """Download the weights of ``model_name`` into the cache unless they are there; verify; record the full SHA-256;
+    return the path. A cached file whose source publishes a checksum and that has no record yet (fetched by an
+    older version) is checked against the published checksum and recorded."""
     entry = entry_for(model_name)
     dest = cached_path(entry, cache)
     if dest.is_file():
+        if entry.checksum_kind in ("sha1", "sha256-prefix") and not record_path(dest).is_file():
+            _write_record(dest, check_published(entry, dest, model_name), entry)
         verify(entry, dest, model_name)
         return dest
-    url = source_url(entry, base_url)
+    url = source_url(entry, base_url, allow_http)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     tmp = Path(tmp_name)
@@ -260,15 +304,17 @@ def fetch(model_name: str, cache: str | Path | None = None, base_url: str | None
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
             while chunk := response.read(1 << 20):
                 out.write(chunk)
-        sha256 = verify(entry, tmp, model_name)
-        if entry.checksum_kind == "recorded":
-            dest.with_name(dest.name + RECORD_SUFFIX).write_text(f"{sha256}  {entry.file}\n")
+        _write_record(dest, check_published(entry, tmp, model_name), entry)
         os.replace(tmp, dest)
     except (urllib.error.URLError, OSError) as exc:
         raise WeightsError(f"cannot download the weights of {model_name} from {url}: {exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def _write_record(path: Path, sha256: str, entry: ZooEntry) -> None:
+    record_path(path).write_text(f"{sha256}  {entry.file}\n")
 
 
 def main(argv: list[str]) -> int:
@@ -280,6 +326,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("name", nargs="?", help="model name as in CONFIG.MODEL.NAME")
     parser.add_argument("--cache", help=f"cache directory (default ${CACHE_ENV} or {DEFAULT_CACHE})")
     parser.add_argument("--base-url", help=f"mirror laid out like the cache (default ${URL_ENV} or the source)")
+    parser.add_argument("--allow-http", action="store_true",
+                        help=f"fetch from a plain http URL (default: refused unless ${ALLOW_HTTP_ENV}=1)")
     parser.add_argument("--list", action="store_true", help="list the models with published weights")
     args = parser.parse_args(argv)
     if args.list:
@@ -291,13 +339,11 @@ def main(argv: list[str]) -> int:
     if not args.name:
         parser.error("NAME is required (or --list)")
     try:
-        path = fetch(args.name, args.cache, args.base_url)
+        path = fetch(args.name, args.cache, args.base_url, args.allow_http)
     except WeightsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    entry = entry_for(args.name)
-    if entry.checksum_kind == "recorded":
-        record = path.with_name(path.name + RECORD_SUFFIX).read_text().split()[0]
-        print(f"{entry.source} publishes no checksum; sha256 recorded on first fetch: {record}", file=sys.stderr)
+    recorded = record_path(path).read_text().split()[0]
+    print(f"sha256 {recorded}, recorded in {record_path(path).name} and checked on every use", file=sys.stderr)
     print(path)
     return 0

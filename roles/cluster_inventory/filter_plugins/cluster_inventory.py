@@ -13,6 +13,8 @@ them, and whether the node is a spare) and returns the normalised cluster every 
 - ``gpus`` is absent (launch-training.yml asks nvidia-smi), a count (0 = CPU node), or a list of distinct device
   ids for CUDA_VISIBLE_DEVICES; its GPU count is the count or the list's length. (That every node of a job has the
   same count is the trainer's rule: `python -m trainer.node_config` checks it with the counts the launch found.)
+- a node's inventory name names its folders on every node (``<jobs>/<job id>/<node>``) and its ``~/.ssh/config``
+  entry, so it follows the job id's rule (letters, digits, ``.``, ``_``, ``-``; no ``../x``, no space).
 - ``ansible_port`` is a TCP port (default 22); node-to-node SSH (known_hosts, the check) uses it too.
 - ``ansible_user`` is the same on every node (unset = the controller's user) and not root: the cluster key lets
   every node log in to every other as that user. (The login a connection really gets is checked again on the nodes
@@ -31,13 +33,13 @@ import getpass
 import ipaddress
 import re
 import socket
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: the launcher asks the trainer
-from trainer.runtime.layout import JOB_ID_CHARS, valid_job_id
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
+
+layout = trainer_module("runtime.layout")
+JOB_ID_CHARS, valid_job_id = layout.JOB_ID_CHARS, layout.valid_job_id
 
 
 def _is_int(value: Any) -> bool:
@@ -139,6 +141,9 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
     nodes: dict[str, dict[str, Any]] = {}
     for row in rows:
         name = str(row["name"])
+        if not valid_job_id(name):
+            errors.append(f"{name!r}: a node's inventory name names its folders on every node and its entry in "
+                          f"~/.ssh/config; use {JOB_ID_CHARS}")
         ssh_host = str(row.get("ansible_host") or name)
         given_ip = str(row.get("cluster_ip") or ssh_host)
         try:

@@ -3,7 +3,8 @@
 Runs on the controller (the task is delegated to the hub's node); each poll is one module call on that node, which
 waits there (``python -m trainer.runtime wait``) until the job's progress changes or ``poll_seconds`` pass, so an
 unchanged job prints nothing and a changed one is printed within a moment. Lines are the job's own words
-(trainer/runtime/report.py): epoch, step, losses, accuracy, clips/s, ETA, restarts, silent nodes.
+(trainer/runtime/report.py): epoch, step, losses, accuracy, clips/s, ETA, restarts, silent nodes. The loop is the
+launcher's one polling machine (the vidcluster.launcher collection's plugin_utils/polling.py).
 
 The controller only listens: a node that does not answer is "not heard from", never a failure of the job. Ends with
 ``outcome``:
@@ -18,18 +19,16 @@ and ``next``, when following should go on from another node (the playbook asks e
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.polling import Poll, on_node
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: the launcher asks the trainer
-from trainer.runtime import report
-
+report = trainer_module("runtime.report")
 display = Display()
 ARGS = ("python", "entry", "jobs_dir", "job", "node", "poll_seconds", "grace_seconds", "recheck_seconds", "hours",
         "silent_since")
@@ -49,60 +48,67 @@ class ActionModule(ActionBase):
         poll = float(a.get("poll_seconds", 30))
         grace = float(a.get("grace_seconds", 600))
         recheck = float(a.get("recheck_seconds", 120))
-        deadline = time.monotonic() + float(a.get("hours", 72)) * 3600
+        hours = float(a.get("hours", 72))
         silent_since = float(a["silent_since"]) if a.get("silent_since") else None
         argv = [str(a["python"]), "-I", "-c", str(a["entry"]), "wait", "--jobs-dir", str(a["jobs_dir"]), "--job", job,
-                "--node", node]
-        key, line, said_silent, ending = "", "", False, 0.0
-        result.update(changed=False, hub=node)
-        while time.monotonic() < deadline:
-            status = self._poll([*argv, str(poll), "--since", key], task_vars or {})
+                "--node", node, str(poll), "--since"]
+        heard = {"key": "", "said_silent": False, "ending": 0.0}
+
+        def look() -> dict[str, Any] | None:
+            status = self._wait([*argv, str(heard["key"])], task_vars or {})
             if status is not None:
-                silent_since, said_silent = None, False
-                key = report.progress_key(status)
-                if report.progress_line(status) != line:
-                    line = report.progress_line(status)
-                    display.display(f"{job}: {line}")
-                end = report.job_end(status) if status.get("mode") == "hub" or status["state"] != "running" else None
-                if end:  # the hub stays until every member has heard the end, then its supervisor exits
-                    ending = ending or time.monotonic()
-                    if status["state"] != "running" or time.monotonic() - ending > recheck:
-                        return {**result, "outcome": end.state.value, "status": status}
-                    continue
-                if status["state"] == "running" and status.get("mode") != "hub":
-                    return {**result, "next": "moved", "hub": report.hub_of(status) or node, "status": status}
-                if status["state"] != "running":  # its supervisor is gone without an end: the hub may be elsewhere
-                    return {**result, "next": "silent", "silent_since": time.time(), "status": status}
-                continue
-            now = time.time()
-            silent_since = silent_since or now
-            if not said_silent:
+                heard.update(key=report.progress_key(status), said_silent=False)
+            return status
+
+        def ended(status: dict[str, Any]) -> dict[str, Any] | None:
+            end = report.job_end(status) if status.get("mode") == "hub" or status["state"] != "running" else None
+            if end:  # the hub stays until every member has heard the end, then its supervisor exits
+                heard["ending"] = heard["ending"] or time.monotonic()
+                if status["state"] != "running" or time.monotonic() - float(heard["ending"]) > recheck:
+                    return {"outcome": end.state.value, "status": status}
+                return None
+            if status["state"] == "running" and status.get("mode") != "hub":
+                return {"next": "moved", "hub": report.hub_of(status) or node, "status": status}
+            if status["state"] != "running":  # its supervisor is gone without an end: the hub may be elsewhere
+                return {"next": "silent", "silent_since": time.time(), "status": status}
+            return None
+
+        def silent(seconds: float) -> dict[str, Any] | None:
+            if not heard["said_silent"]:
                 display.display(f"{job}: no answer from {node} (the job's hub) since {time.strftime('%T')}: the job "
                                 f"is not affected; following gives up after {grace:.0f} s of silence")
-                said_silent = True
-            if now - silent_since > grace:
+                heard["said_silent"] = True
+            if seconds > grace:
                 display.display(
                     f"{job}: lost contact with {node} (the job's hub) for more than {grace:.0f} s; this controller "
                     "stops following, and nothing was stopped: the job may still be running (its nodes stop or "
                     f"restart it by themselves if a node fails). Follow it again with: ansible-playbook "
                     f"training-status.yml -e job_id={job} -e follow=true (or run launch-training.yml again: it "
                     "attaches to a running job).")
-                return {**result, "outcome": "gave_up"}
-            if now - silent_since > recheck:
-                return {**result, "next": "silent", "silent_since": silent_since}
-            time.sleep(min(poll, 5.0))
-        display.display(f"{job}: still running after {a.get('hours')} h of following; it keeps running. Follow it "
-                        f"again with: ansible-playbook training-status.yml -e job_id={job} -e follow=true")
-        return {**result, "outcome": "running"}
-
-    def _poll(self, argv: list[str], task_vars: dict[str, Any]) -> dict[str, Any] | None:
-        """The node's state once its progress changed, or None when the node did not answer."""
-        try:
-            out = self._execute_module(module_name="ansible.builtin.command", module_args={"argv": argv},
-                                       task_vars=task_vars)
-        except AnsibleConnectionFailure:
+                return {"outcome": "gave_up"}
+            if seconds > recheck:
+                return {"next": "silent", "silent_since": time.time() - seconds}
             return None
-        if out.get("unreachable"):
+
+        def overtime() -> dict[str, Any]:
+            display.display(f"{job}: still running after {a.get('hours')} h of following; it keeps running. Follow "
+                            f"it again with: ansible-playbook training-status.yml -e job_id={job} -e follow=true")
+            return {"outcome": "running"}
+
+        ending = Poll(
+            look=look, ended=ended, silent=silent, key=report.progress_line,
+            line=lambda status: f"{job}: {report.progress_line(status)}", show=display.display,
+            # an answer comes back as soon as the job moves (the node's wait blocks): look again at once
+            pause=lambda elapsed, answered: 0.0 if answered else min(poll, 5.0),
+            deadline=time.monotonic() + hours * 3600, overtime=overtime,
+            silent_for=time.time() - silent_since if silent_since else 0.0,
+        ).run()  # fmt: skip
+        return {**result, "changed": False, "hub": node, **ending}
+
+    def _wait(self, argv: list[str], task_vars: dict[str, Any]) -> dict[str, Any] | None:
+        """The node's state once its progress changed, or None when the node did not answer."""
+        out = on_node(self, "ansible.builtin.command", {"argv": argv}, task_vars)
+        if out is None:
             return None
         if out.get("rc") != 0:  # the node answered, and the poll itself failed: not silence, a fault to show
             raise AnsibleError(f"following on {argv[argv.index('--node') + 1]} failed: "

@@ -8,13 +8,12 @@ Plain functions, so tests import this file directly; ``FilterModule`` only regis
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: the launcher asks the trainer
-from trainer.runtime import report
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
+
+report = trainer_module("runtime.report")
 
 
 def node_state(result: Mapping[str, Any]) -> dict[str, Any]:

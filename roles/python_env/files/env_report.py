@@ -2,7 +2,9 @@
 
 Keys: python, torch, cuda, cudnn, nccl, torchvision, decord, torchcodec, paramiko (version strings), ffmpeg (the
 FFmpeg torchcodec loaded: its version, "not found" when torchcodec finds no FFmpeg shared libraries it supports, "n/a"
-without torchcodec), torch_gpus (device names torch sees). A package that is not installed reports "missing"; one
+without torchcodec), torch_gpus (device names torch sees), torch_archs (the GPU kernels of the torch build:
+torch.cuda.get_arch_list()), gpu_checks (per GPU: index, name, compute capability "major.minor", and "ok" or the error
+of one small CUDA operation on it). A package that is not installed reports "missing"; one
 that is installed but fails to import reports "broken: <error>", so a half-installed node shows up in the cross-node
 table instead of crashing the report.
 
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 NOT_AVAILABLE = "n/a"
+# Part of the fingerprint: a report kept by an older version of this script lacks keys this one has.
+REPORT_VERSION = 2
 # Where the system's FFmpeg libraries live (torchcodec loads them); a change there changes the fingerprint.
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
@@ -58,7 +62,21 @@ def _torch_details(torch: Any) -> dict[str, Any]:
         details["nccl"] = NOT_AVAILABLE
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     details["torch_gpus"] = [torch.cuda.get_device_name(index) for index in range(count)]
+    details["torch_archs"] = list(torch.cuda.get_arch_list()) if torch.version.cuda else []
+    details["gpu_checks"] = [_gpu_check(torch, index) for index in range(count)]
     return details
+
+
+def _gpu_check(torch: Any, index: int) -> dict[str, Any]:
+    """One GPU's compute capability and one small CUDA operation on it: a build without kernels for the GPU fails
+    here ("no kernel image is available"), not minutes into a job."""
+    major, minor = torch.cuda.get_device_capability(index)
+    try:
+        total = torch.ones(64, device=f"cuda:{index}").add(1).sum().item()
+        op = "ok" if total == 128 else f"wrong result: 64 twos summed to {total}"
+    except Exception as exc:  # the finding to report: the kernel or the device failed
+        op = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    return {"index": index, "name": torch.cuda.get_device_name(index), "capability": f"{major}.{minor}", "op": op}
 
 
 def _ffmpeg_version(torchcodec: Any) -> str:
@@ -77,7 +95,7 @@ def _ffmpeg_version(torchcodec: Any) -> str:
 
 def fingerprint() -> str:
     """A digest of what the report depends on, computed without importing any of the reported packages."""
-    digest = hashlib.sha256(f"{sys.version}|{os.path.realpath(sys.prefix)}|".encode())
+    digest = hashlib.sha256(f"{REPORT_VERSION}|{sys.version}|{os.path.realpath(sys.prefix)}|".encode())
     for folder in sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}):
         for entry in sorted(os.listdir(folder)):
             if entry.endswith((".dist-info", ".egg-info", ".pth", ".egg-link")):
@@ -95,7 +113,8 @@ def report() -> dict[str, Any]:
     report: dict[str, Any] = {"python": platform.python_version()}
     torch, report["torch"] = _module_version("torch")
     if torch is None:
-        report.update(cuda=NOT_AVAILABLE, cudnn=NOT_AVAILABLE, nccl=NOT_AVAILABLE, torch_gpus=[])
+        report.update(cuda=NOT_AVAILABLE, cudnn=NOT_AVAILABLE, nccl=NOT_AVAILABLE, torch_gpus=[], torch_archs=[],
+                      gpu_checks=[])
     else:
         report.update(_torch_details(torch))
     for module in ("torchvision", "decord", "paramiko"):
@@ -113,8 +132,10 @@ def main() -> None:
     if kept is not None and kept.is_file():
         print(kept.read_text().strip())
         return
-    text = json.dumps(report())
-    if kept is not None and "broken" not in text:  # a broken import is worth looking at again next time
+    found = report()
+    text = json.dumps(found)
+    # A broken import or a failed GPU operation is worth looking at again next time.
+    if kept is not None and "broken" not in text and all(gpu["op"] == "ok" for gpu in found["gpu_checks"]):
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
             tmp = kept.with_name(f".{kept.name}.{os.getpid()}")

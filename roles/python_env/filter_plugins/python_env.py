@@ -1,5 +1,5 @@
-"""Filters of the python_env role: CUDA -> driver requirements, video decoder checks and the cross-node version
-comparison.
+"""Filters of the python_env role: the torch build's requirements, the driver it needs, whether its kernels run on
+each GPU, video decoder checks and the cross-node version comparison.
 
 Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
 """
@@ -19,44 +19,115 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", str(version)))
 
 
-def cuda_min_driver(cuda: str, table: Mapping[str, str]) -> str:
-    """Minimum Linux driver for a CUDA ``major.minor`` taken from ``table``.
-
-    An unknown CUDA version is an error rather than a guess: a lower entry under-states the requirement and a
-    higher one could reject a working driver.
-    """
-    wanted = ".".join(str(cuda).split(".")[:2])
-    if wanted not in table:
-        known = ", ".join(sorted(table, key=_version_key))
-        raise ValueError(f"CUDA {wanted} is not in python_env_driver_table (known: {known}); add its minimum driver")
-    return str(table[wanted])
-
-
 def driver_supports(driver: str, required: str) -> bool:
     """True when the installed driver version is at least the required one."""
     return _version_key(driver) >= _version_key(required)
 
 
-def parse_gpus(smi_lines: Sequence[str]) -> list[dict[str, str]]:
-    """GPUs from ``nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader`` lines."""
-    gpus = []
-    for line in smi_lines:
-        if line.strip():
-            name, driver, memory = (field.strip() for field in line.rsplit(",", 2))
-            gpus.append({"name": name, "driver": driver, "memory": memory})
-    return gpus
+def driver_verdict(driver: str, cuda: str, table: Mapping[str, str]) -> dict[str, Any]:
+    """Whether NVIDIA driver ``driver`` runs a torch build for CUDA ``cuda`` ('12.6', '13.0.2'): ``{ok, needs,
+    message}``, never an exception (a template error would be all a user saw).
 
-
-def torch_cuda_from_requirements(requirements: str, default: str) -> str:
-    """CUDA version of the pinned torch build: from a ``+cuXYZ`` local version in the pin, else ``default``.
-
-    ``torch==2.5.1+cu121`` -> ``12.1``; ``torch==2.14.1`` (the default PyPI build, CUDA 13.0 for 2.14) -> default.
+    CUDA's minor-version compatibility: every build of a CUDA major version runs on that major's first driver
+    (12.x on 525.60.13 or newer, 13.x on 580.65.06 or newer), so ``table`` is keyed by the major version; a
+    "major.minor" key, where a site adds one, is more specific and wins. A CUDA version the table does not know
+    is refused with a request to add it: a guess could under-state the requirement.
     """
+    parts = str(cuda).split(".")
+    key = next((k for k in (".".join(parts[:2]), parts[0]) if k in table), None)
+    if key is None:
+        known = ", ".join(sorted(table, key=_version_key))
+        return {"ok": False, "needs": "", "message": (
+            f"CUDA {cuda} is not in python_env_driver_table (known: {known}); add the minimum driver NVIDIA's CUDA "
+            "release notes give for it")}
+    needs = str(table[key])
+    if driver_supports(driver, needs):
+        return {"ok": True, "needs": needs, "message": f"driver {driver} runs CUDA {cuda} builds (needs {needs})"}
+    return {"ok": False, "needs": needs, "message": (
+        f"NVIDIA driver {driver} is too old for CUDA {cuda} builds, which need driver {needs} or newer (every CUDA "
+        f"{parts[0]}.x build runs on it)")}
+
+
+_PIN = re.compile(r"^\s*(torch|torchvision)\s*==\s*([0-9][^\s#;+]*)(\+[^\s#;]+)?(.*)$")
+
+
+def torch_requirements(requirements: str, build: str, builds: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The requirements a node installs for torch build ``build`` (python_env_torch_builds: cu126, cu128, cu130,
+    cpu...): ``{ok, message, text, cuda, index}``.
+
+    A build with an index gets it as an --extra-index-url line, and its name as the local version of the torch and
+    torchvision pins (torch==2.14.1 -> torch==2.14.1+cu126: those exist on that index alone, PyPI refuses local
+    versions); a build without one (cu130: torch 2.14's PyPI wheels are CUDA 13.0 builds) leaves the file as it is.
+    A pin that already names another build is refused: the build is chosen in one place.
+    """
+    if build not in builds:
+        return {"ok": False, "message": (
+            f"vidcluster_torch_build {build!r} is not one of python_env_torch_builds ({', '.join(builds)})")}
+    spec = builds[build]
+    index = str(spec.get("index") or "")
+    lines = []
     for line in requirements.splitlines():
-        match = re.match(r"\s*torch\s*==\s*[\w.]+\+cu(\d+)(\d)\b", line.split("#", 1)[0])
-        if match:
-            return f"{int(match.group(1))}.{match.group(2)}"
-    return str(default)
+        pin = _PIN.match(line)
+        if pin and index:
+            if pin[3] and pin[3] != f"+{build}":
+                return {"ok": False, "message": (
+                    f"the requirements pin {line.strip()}, another build than vidcluster_torch_build {build}: pin "
+                    f"{pin[1]}=={pin[2]} (the build adds +{build})")}
+            line = f"{pin[1]}=={pin[2]}+{build}{pin[4]}"
+        lines.append(line)
+    header = [f"# torch build {build} (vidcluster_torch_build)", f"--extra-index-url {index}"] if index else []
+    return {"ok": True, "message": "", "text": "\n".join(header + lines) + "\n", "cuda": str(spec.get("cuda") or ""),
+            "index": index}
+
+
+def _arch(arch: str) -> tuple[str, tuple[int, int], str]:
+    """'sm_86' -> ('sm', (8, 6), ''); 'sm_90a' -> ('sm', (9, 0), 'a'); 'compute_120' -> ('compute', (12, 0), '')."""
+    kind, _, code = arch.partition("_")
+    digits = code.rstrip("af")
+    return kind, (int(digits[:-1]), int(digits[-1])), code[len(digits):]
+
+
+def runs_on(capability: Sequence[int], archs: Sequence[str]) -> bool:
+    """Whether a build with kernels for ``archs`` (torch.cuda.get_arch_list()) runs on a GPU of ``capability``.
+
+    A cubin sm_XY runs on compute capability X.Z for Z >= Y (binary compatibility within a major version, never
+    across); sm_XYa on X.Y alone, sm_XYf on X.Z, Z >= Y; PTX compute_XY is compiled for any capability >= X.Y.
+    """
+    cap = (int(capability[0]), int(capability[1]))
+    for kind, (major, minor), suffix in map(_arch, archs):
+        if kind == "compute" and cap >= (major, minor):
+            return True
+        if kind == "sm" and cap[0] == major and (cap[1] == minor if suffix == "a" else cap[1] >= minor):
+            return True
+    return False
+
+
+def _span(archs: Sequence[str]) -> str:
+    cubins = sorted((a for a in archs if a.startswith("sm_")), key=lambda a: _arch(a)[1])
+    ptx = [a for a in archs if a.startswith("compute_")]
+    span = f"{cubins[0]}..{cubins[-1]}" if len(cubins) > 2 else " ".join(cubins) or "no GPU"
+    return span + (f" (PTX {' '.join(ptx)})" if ptx else "")
+
+
+def gpu_fit(report: Mapping[str, Any], node: str, builds: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each GPU's compute capability beside the kernels of the node's torch (env_report.py's gpu_checks and
+    torch_archs): ``{record, problems}``. A GPU the build has no kernels for is a problem naming the builds that have
+    them; so is one whose small CUDA operation failed."""
+    archs = report.get("torch_archs") or []
+    gpus, problems = [], []
+    for gpu in report.get("gpu_checks") or []:
+        cap = tuple(int(part) for part in str(gpu["capability"]).split("."))
+        where = f"{node} GPU {gpu['index']} {gpu['name']} sm_{cap[0]}{cap[1]}"
+        gpus.append(where.removeprefix(f"{node} "))
+        if not runs_on(cap, archs):
+            fits = [name for name, spec in builds.items() if runs_on(cap, spec.get("archs") or [])]
+            advice = (f"choose {' or '.join(fits)} (vidcluster_torch_build)" if fits
+                      else "no build in python_env_torch_builds has kernels for it")
+            problems.append(f"{where}: torch {report.get('torch')} has kernels for {_span(archs)}; {advice}")
+        elif gpu["op"] != "ok":
+            problems.append(f"{where}: a small CUDA operation failed with torch {report.get('torch')}: {gpu['op']}")
+    record = f"{node}: {', '.join(gpus)}; torch {report.get('torch')} has kernels for {_span(archs)}" if gpus else ""
+    return {"record": record, "problems": problems}
 
 
 def _is_version(value: Any) -> bool:
@@ -134,10 +205,9 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
-            "python_env_cuda_min_driver": cuda_min_driver,
             "python_env_decoder_problems": decoder_problems,
-            "python_env_driver_supports": driver_supports,
-            "python_env_parse_gpus": parse_gpus,
-            "python_env_torch_cuda": torch_cuda_from_requirements,
+            "python_env_driver_verdict": driver_verdict,
+            "python_env_gpu_fit": gpu_fit,
+            "python_env_torch_requirements": torch_requirements,
             "python_env_version_table": version_table,
         }

@@ -1,57 +1,20 @@
-"""Filters of the stage_data role, run on the controller: where the data comes from, the copy plan (a tree of rsyncs
-whose senders double every round), and the messages (sizes, free space, which nodes hold a complete copy).
+"""Filters of the stage_data role, run on the controller: the request laid out (where the data comes from, where it
+goes, every handle and file of the copy: the collection vidcluster.launcher's module_utils/stage.py names them), the
+copy plan (a tree of rsyncs whose senders double every round) and each transfer's route, and the messages (sizes,
+free space, which nodes hold a complete copy). The role's YAML holds no path of its own: it asks these.
 
-Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible. The transfer
-action (action_plugins/stage_data_transfer.py) formats its progress lines with ``human`` and ``rate_eta`` too.
+Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible. The words for
+sizes and senders are the collection's plugin_utils/words.py, which the transfer action's lines use too.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-CONTROLLER = "controller"
-
-
-def _manifest_module() -> Any:
-    """trainer/data/manifest.py, the owner of what a copy lacks (loaded by path: the trainer is not installed here)."""
-    path = Path(__file__).resolve().parents[3] / "trainer" / "data" / "manifest.py"
-    spec = importlib.util.spec_from_file_location("stage_data_manifest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
-
-
-MANIFEST = _manifest_module()
-
-
-def human(n: float) -> str:
-    """A size in decimal units, three significant digits: 0 B, 512 B, 2.05 MB, 1.07 GB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            value = n / scale
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{int(n)} B"
-
-
-def files(n: int) -> str:
-    """'1 file', '500 files'."""
-    return f"{n} file" if int(n) == 1 else f"{n} files"
-
-
-def rate_eta(done: float, total: float, seconds: float) -> str:
-    """'48.2 MB/s, ETA 12 s' from bytes done of a total after some seconds."""
-    if seconds <= 0 or done <= 0:
-        return "starting"
-    rate = done / seconds
-    left = max(total - done, 0) / rate
-    eta = f"{left:.0f} s" if left < 120 else f"{left / 60:.0f} min"
-    return f"{human(rate)}/s, ETA {eta}"
+from ansible_collections.vidcluster.launcher.plugins.module_utils import manifest, stage
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.words import CONTROLLER, files, human, sender_name
 
 
 def stage_data_source(src: str, hosts: Sequence[str]) -> dict[str, str]:
@@ -61,6 +24,82 @@ def stage_data_source(src: str, hosts: Sequence[str]) -> dict[str, str]:
     if sep and node in hosts:
         return {"node": node, "path": path}
     return {"node": "", "path": src}
+
+
+def stage_data_layout(src: str, dest: str, hosts: Sequence[str], cwd: str, cache: str, token: str = "") -> dict:
+    """Every place of one request: ``{origin: {node, path}, dest, handles: {node: name}, src_handle, manifest_cache,
+    run_dir}``.
+
+    ``origin``: where the data comes from (node "" is the controller, its path made absolute from ``cwd``, where
+    ansible-playbook runs). ``dest``: the destination as every node reads it (absolute, or "~/..." in the cluster
+    user's home). ``handles``: each node's handle of its copy; ``src_handle``: the source node's handle of the
+    source folder. ``manifest_cache``: the controller's manifest of the source; ``run_dir``: this play's records.
+    """
+    origin = stage_data_source(src, hosts)
+    if not origin["node"] and origin["path"]:
+        origin["path"] = os.path.realpath(os.path.join(cwd, os.path.expanduser(origin["path"])))
+    given = dest if dest.startswith("/") else "~/" + dest.removeprefix("~").lstrip("/")
+    controller = stage.Controller(cache, token)
+    return {
+        "origin": origin,
+        "dest": given,
+        "handles": {node: stage.Handle.of(stage.STAGE_DIR, "d", dest, node).name for node in hosts},
+        "src_handle": stage.Handle.of(stage.STAGE_DIR, "s", src, origin["node"]).name,
+        "manifest_cache": controller.manifest(origin["path"] if not origin["node"] else src),
+        "run_dir": controller.run_dir,
+        "cache": cache,
+        "token": token,
+    }
+
+
+def stage_data_routes(plan: Mapping[str, Any], layout: Mapping[str, Any], states: Mapping[str, Mapping[str, Any]],
+                      source: Mapping[str, Any] | None = None) -> list[dict[str, dict[str, Any]]]:
+    """Each round of ``plan`` as ``{receiver: transfer}``, every transfer with the route its copy takes: ``kind``
+    (push: the controller sends; pull: the receiver copies from a peer over the SSH mesh; local: the source node
+    copies its own folder), rsync's ``source`` and ``dest``, the ``need`` list, the ``lock`` and ``progress`` file
+    of the copy and the controller's ``record`` of it. ``states``: each receiver's prepare result (its absolute
+    stage folder and destination); ``source``: the source node's source result (its absolute source folder).
+    """
+    controller = stage.Controller(layout["cache"], layout["token"])
+    rounds = []
+    for batch in plan["rounds"]:
+        routes = {}
+        for t in batch:
+            node, sender = t["receiver"], t["sender"]
+            mine = stage.Handle(states[node]["stage"], layout["handles"][node])  # on the receiver
+            remote = stage.Handle(stage.STAGE_DIR, layout["handles"][node])  # the same, from its home (rsync)
+            if sender == CONTROLLER:
+                route = {"kind": "push", "source": layout["origin"]["path"], "dest": remote.path,
+                         "need": f":{remote.need}", "lock": controller.lock(remote),
+                         "progress": controller.progress(node)}
+            else:
+                if sender == node:  # the source node's own folder
+                    kind, where = "local", str((source or {})["src"])
+                elif t["origin"]:
+                    kind, where = "pull", f"{sender}:{stage.STAGE_DIR}/{layout['src_handle']}"
+                else:
+                    kind, where = "pull", f"{sender}:{stage.STAGE_DIR}/{layout['handles'][sender]}"
+                route = {"kind": kind, "source": where, "dest": str(states[node]["dest"]), "need": mine.need,
+                         "lock": mine.lock, "progress": mine.progress(layout["token"])}
+            routes[node] = {**t, **route, "record": controller.record(node)}
+        rounds.append(routes)
+    return rounds
+
+
+def stage_data_results(hostvars: Mapping[str, Any], nodes: Sequence[str], register: str,
+                       before: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Each node's stage_data_node result registered as ``register``: its output, or {error: its message}; a node
+    that skipped the task keeps what ``before`` says of it."""
+    results = {}
+    for node in nodes:
+        result = hostvars[node].get(register) or {}
+        if result.get("skipped") and before is not None:
+            results[node] = dict(before[node])
+        elif "error" in result or "module_stderr" in result or result.get("unreachable"):  # (failed_when: false)
+            results[node] = {"error": str(result.get("error") or result.get("msg") or "no message").strip()}
+        else:
+            results[node] = {k: v for k, v in result.items() if k not in ("changed", "failed", "invocation")}
+    return results
 
 
 def _transfer(sender: str, receiver: str, report: Mapping[str, Any], origin: bool) -> dict[str, Any]:
@@ -96,15 +135,9 @@ def stage_data_plan(reports: Mapping[str, Mapping[str, Any]], writers: Sequence[
     return {"rounds": rounds, "files": sum(t["files"] for t in moves), "bytes": sum(t["bytes"] for t in moves)}
 
 
-def sender_name(transfer: Mapping[str, Any]) -> str:
-    """'controller', 'node1' (its complete copy) or 'node1:source' (the source folder on node1)."""
-    origin_node = transfer["origin"] and transfer["sender"] != CONTROLLER
-    return f"{transfer['sender']}:source" if origin_node else str(transfer["sender"])
-
-
-def stage_data_plan_text(plan: Mapping[str, Any], dest: str, manifest: Mapping[str, Any]) -> str:
-    """One line: what is copied, in how many rounds, who sends to whom."""
-    size = f"{files(manifest['files'])}, {human(manifest['bytes'])}"
+def stage_data_plan_text(plan: Mapping[str, Any], dest: str, source: Mapping[str, Any]) -> str:
+    """One line: what is copied, in how many rounds, who sends to whom (``source``: the source's manifest totals)."""
+    size = f"{files(source['files'])}, {human(source['bytes'])}"
     rounds = plan["rounds"]
     steps = " | ".join(", ".join(f"{sender_name(t)} -> {t['receiver']}" for t in batch) for batch in rounds)
     return (f"Copying {files(plan['files'])}, {human(plan['bytes'])} in all, to make {dest} complete ({size}) on "
@@ -114,7 +147,7 @@ def stage_data_plan_text(plan: Mapping[str, Any], dest: str, manifest: Mapping[s
 def stage_data_unfit(states: Mapping[str, Mapping[str, Any]], sources: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Why nodes cannot take part, each naming its node: a copy that could not be prepared, rsync that does not run
     on a node holding a copy or the source folder, too little free space for what a copy lacks. ``states``:
-    stage_node.py prepare's output per node (or {error}); ``sources``: stage_node.py source's output of the source
+    stage_data_node prepare's result per node (or {error}); ``sources``: stage_data_node source's result of the source
     node, if any."""
     problems = [f"{node}: {state['error']}" for node, state in states.items() if "error" in state]
     no_rsync = {node: str(out["rsync"]) for node, out in [*states.items(), *sources.items()] if out.get("rsync")}
@@ -130,12 +163,14 @@ def stage_data_unfit(states: Mapping[str, Mapping[str, Any]], sources: Mapping[s
     return problems
 
 
-def stage_data_copies(reports: Mapping[str, Mapping[str, Any]], sharers: Mapping[str, Sequence[str]]) -> dict:
+def stage_data_copies(results: Mapping[str, Mapping[str, Any]], sharers: Mapping[str, Sequence[str]]) -> dict:
     """Which nodes hold a complete, unchanged copy: ``{complete: [nodes], problems: [lines], text}``.
 
-    ``reports``: verify reports of the nodes that hold a copy; ``sharers``: for each of them, every node that reads
-    that copy (itself included; more on a shared folder). Copies made from different manifests are all named.
+    ``results``: each node that holds a copy, its check (``{check: report}``, stage_data_results) or ``{error}``;
+    ``sharers``: for each of them, every node that reads that copy (itself included; more on a shared folder).
+    Copies made from different manifests are all named.
     """
+    reports = {node: r if "error" in r else r.get("check") or {"error": "not checked"} for node, r in results.items()}
     copies = {node: r for node, r in reports.items() if "error" not in r}
     digests = {str(r["digest"]) for r in copies.values()}
     complete, problems = [], []
@@ -147,7 +182,7 @@ def stage_data_copies(reports: Mapping[str, Mapping[str, Any]], sharers: Mapping
         elif report["complete"]:
             complete += readers
         else:
-            problems.append(f"{who}: {MANIFEST.problems(report)}")
+            problems.append(f"{who}: {manifest.problems(report)}")
     first = next(iter(copies.values()), None)
     size = f"{files(first['files'])}, {human(first['bytes'])}" if first else "no copy"
     text = (f"Complete, unchanged copies ({size}, from {first['source'] if first else '?'}): "
@@ -180,6 +215,9 @@ class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
             "stage_data_source": stage_data_source,
+            "stage_data_layout": stage_data_layout,
+            "stage_data_routes": stage_data_routes,
+            "stage_data_results": stage_data_results,
             "stage_data_plan": stage_data_plan,
             "stage_data_plan_text": stage_data_plan_text,
             "stage_data_unfit": stage_data_unfit,

@@ -1,0 +1,95 @@
+"""Filter of the cluster_collective role: every node's run of files/collective_check.py put together, with the node or
+pair that could not join named and why.
+
+A plain function, so tests import this file directly; ``FilterModule`` only registers it for Ansible.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+OK = "ok"
+# What each failure usually means, in the report's words.
+FIREWALL_INTO = ("a firewall on {node} closing the ports gloo and NCCL listen on (the ephemeral range), or a wrong "
+                 "cluster interface")
+ROOT_CLOSED = "a firewall on {root} closing port {port}, or a wrong cluster_ip for {root}"
+
+
+def _result(name: str, run: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's JSON report, or a failure saying why there is none (the check could not start, or ran over)."""
+    try:
+        found = json.loads(str(run.get("stdout", "")).strip().splitlines()[-1])
+        if isinstance(found, dict) and found.get("node") == name:
+            return found
+    except (ValueError, IndexError):
+        pass
+    why = str(run.get("stderr") or run.get("msg") or "no output").strip().splitlines()
+    return {"node": name, "failed": "run", "error": f"the check did not run to its end: {why[-1] if why else ''}",
+            "pairs": {}, "missing": [], "bandwidth": None}
+
+
+def _rendezvous(results: Sequence[dict[str, Any]], root: str) -> list[str]:
+    """The nodes that could not reach the root's rendezvous: all of them point at the root."""
+    lost = [r for r in results if r["failed"] == "rendezvous" and r["node"] != root and "cannot reach" in r["error"]]
+    others = [r for r in results if r["node"] != root]
+    if len(lost) > 1 and len(lost) == len(others):
+        endpoint, why = lost[0]["error"].split("rendezvous ", 1)[1].rsplit(": ", 1)
+        port = endpoint.rsplit(":", 1)[1]
+        return [f"no node can reach {root}'s rendezvous {endpoint} ({why}): "
+                + ROOT_CLOSED.format(root=root, port=port)]
+    return [f"{r['node']} {r['error']}" for r in lost]
+
+
+def _pairs(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The pairs that could not connect; a node no peer could connect to is named once, as the likely cause."""
+    matrix = {r["node"]: r["pairs"] for r in results if r["pairs"]}
+    failed = {(src, dst): why for src, row in matrix.items() for dst, why in row.items() if why != OK}
+    lines = []
+    for node in dict.fromkeys(dst for _, dst in failed):
+        tried = [src for src, row in matrix.items() if node in row]
+        into = [src for src in tried if (src, node) in failed]
+        if len(tried) > 1 and into == tried:
+            reasons = sorted({failed[(src, node)] for src in into})
+            lines.append(f"{node} accepts no connection from {', '.join(into)} ({', '.join(reasons)}): "
+                         + FIREWALL_INTO.format(node=node))
+            for src in into:
+                del failed[(src, node)]
+    return lines + [f"{src} -> {dst}: {why}" for (src, dst), why in failed.items()]
+
+
+def report(names: Sequence[str], runs: Mapping[str, Mapping[str, Any]], megabytes: int) -> dict[str, Any]:
+    """``names``: the nodes in rank order (the first holds the rendezvous); ``runs``: each node's async_status result
+    (stdout: collective_check.py's JSON). Returns ``ok``, ``lines`` (a line per node: its interface, address and
+    bandwidth, or what failed) and ``problems`` (one line per node or pair to fix)."""
+    results = [_result(name, runs.get(name, {})) for name in names]
+    root = names[0]
+    problems = [f"{r['node']}: {r['error']}" for r in results if r["failed"] in ("run", "interface", "check")]
+    problems += _rendezvous(results, root)
+    # The root that cannot listen, a node that reached the root but could not join its store.
+    problems += [f"{r['node']}: {r['error']}" for r in results
+                 if r["failed"] == "rendezvous" and r["error"].startswith(("cannot listen", "cannot join"))]
+    reported = {r["node"] for r in results if r["failed"] is not None}
+    missing = sorted({m for r in results for m in r["missing"]} - reported)
+    problems += [f"{node} never reached the rendezvous" for node in missing]
+    problems += _pairs(results)
+    problems += [f"{r['node']}: {r['error']}" for r in results if r["failed"] == "collective"]
+    lines = []
+    for r in results:
+        where = f"{r['node']} ({r.get('iface') or '?'} {r.get('addr', '?')})"
+        bw = r["bandwidth"]
+        if bw:
+            lines.append(f"{where}: {r['backend']} all-reduce of {megabytes} MiB over {len(names)} nodes in "
+                         f"{1000 * bw['seconds']:.1f} ms: bus bandwidth {bw['busbw_gbps']:.3f} GB/s (algorithm "
+                         f"{bw['algbw_gbps']:.3f} GB/s)")
+        else:
+            lines.append(f"{where}: no all-reduce (its {r['failed']} step failed)")
+    return {"ok": not problems, "lines": lines, "problems": problems}
+
+
+class FilterModule:
+    """Registers the filter as cluster_collective_report."""
+
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {"cluster_collective_report": report}

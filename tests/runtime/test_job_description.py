@@ -1,0 +1,69 @@
+"""The job description the launcher hands the renderer (`python -m trainer.node_config --job`) is strict: a key it does
+not know, at the top or nested, a value of the wrong kind, a node name that is not one folder name: each refused in
+one line naming it, before any file is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer.node_config import main
+
+EXPERIMENT = {"CONFIG": {"DATA": {"NUM_CLASSES": 2}, "MODEL": {"NAME": "i3d_tiny"}}}
+NODES = [{"name": "n0", "ip": "10.9.0.10", "gpus": 0, "home": "/home/a", "iface": "eth0"},
+         {"name": "n1", "ip": "10.9.0.11", "gpus": 0, "home": "/home/b", "iface": "eth0", "devices": None}]
+DESCRIBED = {"job_id": "k400-a", "port": 29500, "nodes": NODES, "watch": {"heartbeat_timeout": 20},
+             "restarts": {"max_restarts": 5, "node_wait": 60}, "extra_env": {"NCCL_DEBUG": "INFO"}}
+
+
+def render(tmp_path: Path, described: Any, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    (tmp_path / "exp.yaml").write_text(json.dumps(EXPERIMENT))
+    (tmp_path / "job.json").write_text(json.dumps(described))
+    code = main(["--config-file", str(tmp_path / "exp.yaml"), "--job", str(tmp_path / "job.json"),
+                 "--out-dir", str(tmp_path / "out")])
+    return code, capsys.readouterr().err
+
+
+def with_node(index: int, **change: Any) -> dict[str, Any]:
+    nodes = [dict(node) for node in NODES]
+    nodes[index].update(change)
+    return {**DESCRIBED, "nodes": nodes}
+
+
+def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = render(tmp_path, DESCRIBED, capsys)
+    assert code == 0, err
+    plan = json.loads((tmp_path / "out" / "n1.plan.json").read_text())
+    assert plan["restarts"] == {"max_restarts": 5, "node_wait": 60.0}
+    assert plan["watch"] == {"heartbeat_timeout": 20.0, "startup_timeout": 300.0, "stop_grace": 15.0}
+
+
+@pytest.mark.parametrize(("described", "said"), [
+    # The issue's case: max_restarts at the top instead of under restarts was ignored (the job kept 3 restarts).
+    ({**DESCRIBED, "max_restarts": 5}, "unknown key max_restarts (did you mean restarts?)"),
+    ({**DESCRIBED, "gpu_count": 2}, "unknown key gpu_count (known: job_id, port, nodes, spares"),
+    ({**DESCRIBED, "restart": {"max_restarts": 5}}, "unknown key restart (did you mean restarts?)"),
+    ({**DESCRIBED, "watch": {"heartbeat_timout": 5}}, "unknown key watch.heartbeat_timout "
+                                                      "(did you mean watch.heartbeat_timeout?)"),
+    (with_node(1, hmoe="/home/b"), "unknown key nodes[1].hmoe (did you mean nodes[1].home?)"),
+    ({**DESCRIBED, "port": "29500"}, "port must be an integer, not '29500'"),
+    ({**DESCRIBED, "restarts": {"max_restarts": 2.5}}, "restarts.max_restarts must be an integer, not 2.5"),
+    ({**DESCRIBED, "watch": []}, "watch must be an object, not list"),
+    ({**DESCRIBED, "weights_table": "yes"}, "weights_table must be true or false, not 'yes'"),
+    ({k: v for k, v in DESCRIBED.items() if k != "port"}, "missing port"),
+    (with_node(0, name="../x"), "nodes[0].name '../x': use letters, digits"),
+    (with_node(1, name="node 1"), "nodes[1].name 'node 1': use letters, digits"),
+    (with_node(1, name="n0"), "node n0 is listed more than once"),
+    (with_node(0, devices=["0"]), "nodes[0].devices must be an integer, not ['0']"),
+    ([NODES], "the description must be an object, not list"),
+])  # fmt: skip
+def test_a_wrong_key_or_value_is_refused_by_name_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], described: Any, said: str) -> None:
+    code, err = render(tmp_path, described, capsys)
+    assert code == 2
+    assert err.startswith("error: job description: ") and said in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,224 @@
+"""A bad file never hangs or stops a run: decoding under CONFIG.DATA.DECODE_TIME_LIMIT (trainer.data.timelimit), the
+run's bad videos kept job-wide (trainer.bad_videos).
+
+The hanging decoder is tests/trainer/_hanging_decoder.py's: decord's reader, stuck in C code with the GIL held on one
+file, as in decord #373. The videos are the synthetic task's real H.264 files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.trainer import _hanging_decoder
+from tests.trainer._hanging_decoder import HANGING_ENV, LOG_ENV, entered, hanging_env
+from tests.trainer.test_data import make_cfg, write_list
+from tests.trainer.test_resume import assert_same_run, wait_for
+from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
+from trainer import checkpoint
+from trainer.bad_videos import BadVideos
+from trainer.checkpoint import list_checkpoints
+from trainer.data import build_dataset, build_loader
+from trainer.data import decoders as decoders_module
+from trainer.data.decoders import BadVideo, ClipDecoder, DecodeTimeout
+from trainer.data.sampling import val_indices
+
+LIMIT = 4.0  # seconds: far above a good 32x32 clip's decode on a loaded machine, short for a test to wait out
+
+
+def clip_indices(n: int) -> np.ndarray:
+    return val_indices(n, 8, 1, 1)
+
+
+@pytest.fixture
+def hanging(synthetic_dataset: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The first training video hangs decord in this process (and the helpers and workers forked from it)."""
+    path = str(Path(synthetic_dataset["TRAIN_DATA_PATH"]) / "train" / "left" / "left_000.mp4")
+    monkeypatch.setenv(HANGING_ENV, path)
+    monkeypatch.setenv(LOG_ENV, str(tmp_path / "entered.log"))
+    monkeypatch.setitem(decoders_module.READERS, "decord", _hanging_decoder.HangingReader)
+    yield path
+
+
+def good_videos(data: dict[str, Any], count: int) -> list[str]:
+    root = Path(data["TRAIN_DATA_PATH"])
+    return [str(p) for p in sorted(root.glob("train/right/*.mp4"))[:count]]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The decoder
+
+
+@pytest.mark.parametrize("choice", ["decord", "auto"])
+def test_clips_decoded_in_the_helper_are_the_decoders_own(synthetic_dataset: dict[str, Any], choice: str) -> None:
+    """Frames that come back through the helper's shared memory equal those decoded in this process, at the native
+    size, at a decode size, and at a short side fitted to a smaller one (a second decode in the same deadline)."""
+    video = good_videos(synthetic_dataset, 1)[0]
+    for size, short_side in (((-1, -1), None), ((24, 16), None), ((-1, -1), 20)):
+        here = ClipDecoder(choice, size)  # type: ignore[arg-type]
+        limited = ClipDecoder(choice, size, time_limit=30.0)  # type: ignore[arg-type]
+        assert limited.time_limit is not None and here.time_limit is None
+        expected = here.clip(video, clip_indices, short_side)
+        got = limited.clip(video, clip_indices, short_side)
+        assert got.frames.shape == expected.frames.shape and torch.equal(got.frames, expected.frames), size
+    assert ClipDecoder("decord", time_limit=0.0).time_limit is None
+
+
+def test_a_decoder_hung_with_the_gil_held_is_abandoned_and_the_next_video_decodes(
+    hanging: str, synthetic_dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    decoder = ClipDecoder("decord", time_limit=LIMIT)
+    good = good_videos(synthetic_dataset, 1)[0]
+    decoder.clip(good, clip_indices)
+    assert decoder.time_limit is not None
+    first_helper = decoder.time_limit.helper().pid
+    started = time.monotonic()
+    with pytest.raises(DecodeTimeout) as caught:
+        decoder.clip(hanging, clip_indices)
+    waited = time.monotonic() - started
+    assert str(caught.value) == "decoding took longer than 4 s"
+    assert LIMIT - 0.5 <= waited < LIMIT + 60, waited  # it waited for the limit, not for the hung decoder
+    assert entered(tmp_path / "entered.log") == 1
+    assert not alive(first_helper)  # killed and reaped
+    again = decoder.clip(good, clip_indices).frames  # a new helper
+    assert decoder.time_limit.helper().pid != first_helper
+    assert torch.equal(again, ClipDecoder("decord").clip(good, clip_indices).frames)
+
+
+class CrashingReader(decoders_module.DecordReader):
+    def __init__(self, path: str, size: tuple[int, int], device: str = "cpu") -> None:
+        os.kill(os.getpid(), signal.SIGSEGV)  # as a decoder that crashes on a file
+
+
+def test_a_decoder_that_crashes_makes_the_video_bad_not_the_process(
+    synthetic_dataset: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(decoders_module.READERS, "decord", CrashingReader)
+    decoder = ClipDecoder("decord", time_limit=30.0)
+    with pytest.raises(BadVideo) as caught:
+        decoder.clip(good_videos(synthetic_dataset, 1)[0], clip_indices)
+    assert str(caught.value) == "cannot open: the decoder's process died (killed by SIGSEGV)"
+    assert not isinstance(caught.value, DecodeTimeout)
+
+
+def test_dataloader_workers_share_what_ran_out_of_time(
+    hanging: str, synthetic_dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two workers, two passes over a list with the hanging video: both passes name it with the same reason, and only
+    the first waits for it (the second pass, in whichever worker, knows it)."""
+    videos = [hanging, *good_videos(synthetic_dataset, 5)]
+    listing = write_list(tmp_path / "val.txt", [f"{path} 16 0" for path in videos])
+    cfg = make_cfg({**synthetic_dataset, "VAL_ANNO_PATH": str(listing)}, batch_size=2, NUM_WORKERS=2,
+                   DECODE_TIME_LIMIT=LIMIT)
+    loader = build_loader(build_dataset(cfg, "val"), cfg, "val")
+    for _ in range(2):
+        batches = list(loader)
+        assert [item for batch in batches for item in batch["bad"]] == [(hanging, "decoding took longer than 4 s")]
+        assert sum(len(batch["label"]) for batch in batches) == 5
+    assert entered(tmp_path / "entered.log") == 1
+    dataset = loader.dataset
+    dataset.skip_timed_out([(videos[1], "cannot open: no video stream")])  # only a timeout is skipped
+    assert "bad" not in dataset[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Whole runs
+
+
+def hanging_run(data: dict[str, Any], tmp: Path, name: str, workers: int, epochs: int, loader_workers: int,
+                minutes: float = 0.0) -> tuple[Path, dict[str, str]]:
+    """A config whose first training video hangs the decoder, and the environment that makes it so."""
+    video = str(Path(data["TRAIN_DATA_PATH"]) / "train" / "left" / "left_000.mp4")
+    cfg = write_config(tmp / f"{name}.yaml", data, tmp / name, workers=workers,
+                       TRAIN={"EPOCH_NUM": epochs, "CHECKPOINT_MINUTES": minutes},
+                       DATA={"NUM_WORKERS": loader_workers, "DECODE_TIME_LIMIT": LIMIT}, LOG={"DISPLAY_FREQ": 1})
+    return cfg, hanging_env(video, tmp / f"{name}.entered")
+
+
+def test_a_run_goes_on_past_a_hung_decoder_and_reports_the_file(
+    synthetic_dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    """One process, one DataLoader worker, two epochs: the hung file costs the time limit once, is skipped in the
+    second epoch without decoding, and is named with its reason in bad_videos.json, the checkpoints and the end of
+    the log."""
+    cfg, env = hanging_run(synthetic_dataset, tmp_path, "run", workers=1, epochs=2, loader_workers=1)
+    out = run_trainer("-m", "trainer.train", "--config-file", cfg, **env)
+    run_dir, video = tmp_path / "run", env[HANGING_ENV]
+    assert [(r["epoch"], r["bad_videos"]) for r in metrics(run_dir)] == [(1, 1), (2, 1)]
+    assert entered(Path(env[LOG_ENV])) == 1
+    expected = [[video, "decoding took longer than 4 s"]]
+    assert json.loads((run_dir / "bad_videos.json").read_text()) == {
+        "count": 1, "videos": [{"path": video, "reason": "decoding took longer than 4 s"}]}
+    assert torch.load(run_dir / "checkpoints" / "epoch_0002.pth", weights_only=True)["bad_videos"] == expected
+    assert json.loads((run_dir / "status.json").read_text())["bad_videos"] == 1
+    assert "1 bad video(s) in this run, not trained or evaluated on:" in out.stdout
+    assert f"  {video}: decoding took longer than 4 s" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_run_with_a_hung_decoder_is_the_same_on_a_rerun_and_on_a_resume(
+    synthetic_dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two processes with a DataLoader worker each: the run, the same run again, and the run killed mid-epoch after
+    the hang and resumed end with the same weights and records; the resumed run knows the file from its checkpoint
+    and never decodes it again."""
+    runs = {}
+    for name in ("first", "rerun"):
+        cfg, env = hanging_run(synthetic_dataset, tmp_path, name, workers=2, epochs=3, loader_workers=1)
+        run_trainer("-m", "trainer.train", "--config-file", cfg, **env)
+        assert entered(Path(env[LOG_ENV])) == 1
+        runs[name] = tmp_path / name
+    assert_same_run(runs["rerun"], runs["first"])
+
+    cfg, env = hanging_run(synthetic_dataset, tmp_path, "resumed", workers=2, epochs=3, loader_workers=1,
+                           minutes=1e-6)
+    ckpts, log = tmp_path / "resumed" / "checkpoints", Path(env[LOG_ENV])
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", "--config-file", str(cfg)],
+                            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    looked: dict[Path, bool] = {}
+
+    def a_checkpoint_knows_the_file() -> bool:  # each mid-epoch checkpoint is read once
+        for path in sorted(ckpts.glob("epoch_*_step_*.pth")):
+            if path not in looked:
+                try:
+                    known = BadVideos.from_checkpoint(torch.load(path, weights_only=True)).reasons
+                except FileNotFoundError:
+                    continue  # listed, then removed as a newer one came (the two newest stay)
+                looked[path] = known.get(env[HANGING_ENV]) == "decoding took longer than 4 s"
+        return any(knows and path.exists() for path, knows in looked.items())
+
+    try:
+        wait_for(a_checkpoint_knows_the_file, [proc], "a mid-epoch checkpoint after the hang")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    looked.clear()
+    a_checkpoint_knows_the_file()  # what the kill left
+    newest = max(path for path, knows in looked.items() if knows)
+    for newer in list_checkpoints(ckpts, mid_epoch=True):  # as if the kill had come right after that checkpoint
+        if checkpoint.checkpoint_order(newer.name) > checkpoint.checkpoint_order(newest.name):
+            newer.unlink()
+    out = run_trainer("-m", "trainer.train", "--config-file", cfg, **env)
+    assert f"resumed from {newest} at epoch" in out.stdout and "(mid-epoch: " in out.stdout, out.stdout[-3000:]
+    assert entered(log) == 1  # known from the checkpoint: never decoded again
+    assert_same_run(tmp_path / "resumed", runs["first"])
