@@ -195,7 +195,8 @@ class JobSpec:
             "cpu_workers": _integer, "timeout_seconds": _integer, "resume": _text, "overrides": _mapping,
             "jobs_dir": _text, "code_root": _text, "code_version": _text, "env_path": _text,
             "watch": _section("watch", dict.fromkeys(WATCH_DEFAULTS, _number), WATCH_DEFAULTS),
-            "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number}, RESTART_DEFAULTS),
+            "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number, "in_place": _flag},
+                                 RESTART_DEFAULTS),
             "omp_num_threads": _integer,
             "extra_env": lambda value: {str(k): _text(v) for k, v in _mapping(value).items()},
             "weights_table": _flag,
@@ -332,13 +333,6 @@ def node_env(job: JobSpec, node: NodeFacts, code_dir: str, job_dir: str) -> dict
     return {**env, **(job.extra_env or {})}
 
 
-def in_place(value: Any) -> bool:
-    """The job's restarts.in_place: a JSON boolean, nothing else (a string "false" would be true)."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"restarts.in_place: expected true or false, got {value!r}")
-    return value
-
-
 def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend: str) -> NodePlan:
     """Everything ``node`` needs to run its part of the job (trainer.runtime.plan), every path absolute."""
     folder = layout.job_dir(job.jobs_dir, job.job_id, node.name, node.home)
@@ -371,7 +365,7 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
         ),
         watch=Watch(**{k: float(v) for k, v in job.watch.items()}),
         restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"]),
-                          in_place(job.restarts["in_place"])),
+                          bool(job.restarts["in_place"])),
         data_paths=tuple(input_paths(cfg)),
     )
 
