@@ -8,8 +8,9 @@ bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline 
 vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
 (launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
-bench/restarts.py (a job healing itself on a local cluster: detection, training again, training lost; root).
---quick: fewer clips, steps and epochs (a few minutes on 2 cores); without it, more of each (steadier ratios).
+bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; 15 to 30 minutes).
+--quick: fewer clips, steps and epochs, and no restarts section unless --only names it; without it, more of each
+(steadier ratios).
 """
 
 from __future__ import annotations
@@ -129,21 +130,24 @@ def checkpoint_rows(quick: bool) -> list[Row]:
 
 def restart_rows(quick: bool) -> list[Row]:
     try:
-        found = restarts.run()
+        found = restarts.rows(restarts.compare())
     except RuntimeError as exc:
         if str(exc) != local.NEEDS_ROOT:
             raise
-        return [("a job healing itself (bench/restarts.py)", "skipped", "", None, local.NEEDS_ROOT, None)]
+        return [("a restart against torchrun's (bench/restarts.py)", "skipped", "", None, local.NEEDS_ROOT, None)]
+    base = next(row for row in found if row.launcher == "torchrun")
+    met = restarts.goals(found)
     rows: list[Row] = []
-    limit = restarts.CHECKPOINT_MINUTES * 60
     for row in found:
-        detected, again, lost = restarts.goals(row)
+        costs = [held for goal, held in met.items() if goal.startswith(f"{row.launcher}: the kill costs")]
+        again = [held for goal, held in met.items() if goal.startswith(f"{row.launcher}: training again")]
         rows += [
-            (f"{row['scenario']}: detected, s", f"{row['detect_s']}", "", None,
-             f"<= heartbeat {restarts.HEARTBEAT_S:.0f} + 5 s", detected),
-            ("  from detection to training again, s", f"{row['restart_s']}", "", None, "<= 60 s", again),
-            ("  training lost, steps (s)", f"{row['lost_steps']} ({row['lost_s']})", "", None,
-             f"<= CHECKPOINT_MINUTES ({limit:.0f} s)", lost),
+            (f"{row.launcher}: one SIGKILL's cost (wall with it - without), s", f"{row.cost_s:.1f}",
+             f"{base.cost_s:.1f}", row.cost_s / base.cost_s, "<= torchrun's" if costs else "reference",
+             costs[0] if costs else None),
+            ("  from the kill to training again, s", f"{row.again_s:.1f}", f"{base.again_s:.1f}",
+             row.again_s / base.again_s, f"<= {restarts.IN_PLACE_GOAL_S:.0f} s" if again else "info",
+             again[0] if again else None),
         ]
     return rows
 
@@ -152,6 +156,12 @@ SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
     "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows,
 }
+LONG = ("restarts",)  # whole jobs under several launchers (15 to 30 minutes): --quick leaves them out unless named
+
+
+def sections(quick: bool, only: list[str] | None) -> list[str]:
+    """The parts to run: those named, else every part (--quick: but the LONG ones)."""
+    return only if only is not None else [name for name in SECTIONS if not (quick and name in LONG)]
 
 
 def table(rows: list[Row]) -> str:
@@ -166,8 +176,9 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer clips, steps and epochs")
-    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS), help="parts to run")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=None, help="parts to run")
     args = parser.parse_args(argv)
+    args.only = sections(args.quick, args.only)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows: list[Row] = []
     start, load = time.perf_counter(), os.getloadavg()[0]
@@ -178,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{os.cpu_count()} CPU cores (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after: other "
           f"work on the machine), {'quick' if args.quick else 'full'} run, {time.perf_counter() - start:.0f} s")
     return 0
-
-
 
 
 if __name__ == "__main__":

@@ -91,6 +91,17 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
     return torch.compile(model) if train.COMPILE else model
 
 
+def unwrap_ddp(model: nn.Module) -> None:
+    """Take the DDP wrapper's gradient hooks off the module it wraps, whose gradients are dropped too: the module
+    outlives its wrapper (a process that restarts in place wraps it again in the next attempt's group)."""
+    ddp = ddp_module(model)
+    if isinstance(ddp, DistributedDataParallel):
+        ddp._remove_autograd_hooks()
+        model = ddp.module
+    for param in model.parameters():
+        param.grad = None
+
+
 def ddp_module(model: nn.Module) -> nn.Module:
     """The DDP wrapper (or plain module) inside a compiled model."""
     return getattr(model, "_orig_mod", model)

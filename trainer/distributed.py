@@ -55,8 +55,10 @@ import torch.multiprocessing as mp
 from trainer.config import Config, DDPConfig, check_runtime
 from trainer.errors import STOP_SIGNALS, USER_ERROR_EXIT, Preempted, UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
+from trainer.runtime.channel import ProcState
 from trainer.runtime.contract import run_name, thread_budget
 from trainer.runtime.layout import url_host
+from trainer.timeline import PROCESS
 
 log = logging.getLogger(__name__)
 
@@ -457,6 +459,7 @@ def _init_group(ctx: DistContext, plan: _Plan) -> None:
                 timeout=datetime.timedelta(seconds=plan.timeout_s),
             )
             dist.barrier()  # everyone has really arrived before any work starts
+        PROCESS.mark("group")
     except dist.DistError as exc:  # store/network/backend errors: a peer or the rendezvous host is missing
         raise PeerError(
             f"rank {ctx.rank} of {ctx.world_size}: peers did not all meet at the rendezvous {plan.dist_url} within "
@@ -489,6 +492,7 @@ def _torchrun_env(ctx: DistContext) -> Iterator[None]:
 def _run_worker(
     ctx: DistContext, plan: _Plan, worker_fn: WorkerFn, cfg: Config, failure_file: Path | None = None
 ) -> None:
+    PROCESS.set(ProcState.TRAINING, ctx.rank)
     _init_group(ctx, plan)
     try:
         worker_fn(ctx, _runtime_cfg(cfg, ctx, plan.from_env))
@@ -509,10 +513,32 @@ def _run_worker(
             raise
         raise error from exc
     finally:
+        leave_group()
+
+
+def leave_group() -> None:
+    """Tear down this process's process groups (its job's and any other), if it has any."""
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
+def rejoin(ctx: DistContext, cfg: Config, rank: int, rendezvous: str, world_urls: list[str]
+           ) -> tuple[DistContext, Config]:
+    """This worker, its old group torn down, in the job's next attempt (restart in place: trainer.inplace): node
+    rank ``rank`` at ``rendezvous`` among ``world_urls``, its local index kept; its group formed, and its config as a
+    process started for that attempt would see it."""
+    ddp = cfg.DDP_CONFIG.model_copy(update={"AUTO_RANK_MATCH": False, "WORLD_RANK": rank, "DIST_URL": rendezvous,
+                                            "WOLRD_URLS": list(world_urls)})
+    attempt_cfg = cfg.model_copy(update={"DDP_CONFIG": ddp})
+    plan = _node_plan(attempt_cfg)
+    moved = plan.context(ctx.local_rank)
+    PROCESS.set(ProcState.TRAINING, moved.rank)
+    _init_group(moved, plan)
+    return moved, _runtime_cfg(attempt_cfg, moved, plan.from_env)
+
+
 def _spawned(local_rank: int, plan: _Plan, worker_fn: WorkerFn, cfg: Config, failures: str) -> None:
+    PROCESS.mark("imported")  # a spawned worker is a new interpreter: its imports came with its arguments
     start_heartbeat()
     if not plan.use_cuda and "OMP_NUM_THREADS" not in os.environ:  # a user's setting wins, as under torchrun
         # N CPU workers share the cores; torch would otherwise start one thread per core in each of them.

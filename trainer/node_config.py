@@ -13,7 +13,7 @@ The description it rendered from is kept as ``DIR/launch.json``, so the same fil
 The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
 experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
 "env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace}, "restarts":
-{max_restarts, node_wait}, "stragglers": {threshold, window, action, cooldown} (trainer.runtime.straggler),
+{max_restarts, node_wait, in_place}, "stragglers": {threshold, window, action, cooldown} (trainer.runtime.straggler),
 "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares": [...]}``; a node is ``{"name",
 "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0 hosts the rendezvous);
 spares train only when one replaces a lost node. The description is strict: a key it does not know (at the top or
@@ -59,7 +59,7 @@ from trainer.runtime.straggler import Rules, Treatment
 USE_TIME = "use_time"
 DEFAULT_RUN_NAME = "run"
 WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_grace": 15.0}
-RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0}
+RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0, "in_place": True}
 STRAGGLER_DEFAULTS = {"threshold": 0.7, "window": 300.0, "action": "auto", "cooldown": 1800.0}
 
 
@@ -213,7 +213,8 @@ class JobSpec:
             "cpu_workers": _integer, "timeout_seconds": _integer, "resume": _text, "overrides": _mapping,
             "jobs_dir": _text, "code_root": _text, "code_version": _text, "env_path": _text,
             "watch": _section("watch", dict.fromkeys(WATCH_DEFAULTS, _number), WATCH_DEFAULTS),
-            "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number}, RESTART_DEFAULTS),
+            "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number, "in_place": _flag},
+                                 RESTART_DEFAULTS),
             "stragglers": lambda value: _straggler_rules(_section(
                 "stragglers", {"threshold": _number, "window": _number, "action": _treatment, "cooldown": _number},
                 STRAGGLER_DEFAULTS)(value)),
@@ -384,7 +385,8 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
             results=tuple(posixpath.join(run, name) for name in contract.run_files(log.LOG_FILENAME)),
         ),
         watch=Watch(**{k: float(v) for k, v in job.watch.items()}),
-        restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"])),
+        restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"]),
+                          bool(job.restarts["in_place"])),
         stragglers=job.stragglers,
         data_paths=tuple(input_paths(cfg)),
     )

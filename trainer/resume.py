@@ -11,13 +11,13 @@ they sort by global step: trainer.checkpoint). The job resumes from the newest c
 
 A newer checkpoint held by one node only, while another node holds checkpoints too, does not count: its twin was
 never written (a node failed while writing). When checkpoints exist and none counts, the run stops with an error that
-says what each node holds (a restart could not decide better). A path in RESUME names the file itself; the first
-node that has it reads it.
+says what each node holds (a restart could not decide better). A path in RESUME names the file itself.
 
-The process holding the chosen checkpoint reads it and broadcasts it, which need not be rank 0 (the rank-0 node may be
-a spare that holds nothing), with its metrics.jsonl records up to the checkpoint; every metrics writer (checkpoint
-writers) rewrites its metrics.jsonl with them, so no epoch record is duplicated or missing after a resume, wherever it
-runs. Records without an "epoch" (attempts: reporting.attempt_record) are history and stay.
+Every process of a node that holds the chosen checkpoint reads it itself; the first holder, which need not be rank 0
+(the rank-0 node may be a spare that holds nothing), sends it to the processes of nodes without a copy, and sends its
+metrics.jsonl records up to the checkpoint to everyone; every metrics writer (checkpoint writers) rewrites its
+metrics.jsonl with them, so no epoch record is duplicated or missing after a resume, wherever it runs. Records
+without an "epoch" (attempts: reporting.attempt_record) are history and stay.
 
 Exactness: a mid-epoch checkpoint carries an EpochProgress (the batches trained in the epoch, the epoch's starting LR,
 every rank's RNG states and partial sums). The resumed epoch's pass starts at the next batch (the keys of the ones
@@ -172,52 +172,63 @@ def _choose_path(listings: list[bool | None], path: str) -> tuple[str, int]:
     return path, holders[0]
 
 
-def _read_as_holder(path: Path, metrics_path: Path, auto: bool) -> dict[str, Any]:
-    """What the holder broadcasts: the checkpoint, and its metrics.jsonl records up to it ('auto' only), or the one
-    line that says why it cannot be read (every process then raises it, so none waits for the others)."""
+def _read(path: Path) -> dict[str, Any] | str:
+    """The checkpoint (with its "path"), or the one line that says why it cannot be read."""
     try:
         ckpt = read_checkpoint(path)
-        ckpt["path"] = str(path)
     except UserError as exc:  # it names the file already
-        return {"error": str(exc)}
+        return str(exc)
     except (OSError, RuntimeError, ValueError) as exc:
-        return {"error": f"CONFIG.TRAIN.RESUME {path}: cannot load it ({type(exc).__name__}: {first_line(exc)})"}
-    records = None
-    if auto and metrics_path.is_file():
-        records = [r for r in read_records(metrics_path) if r.get("epoch", 0) <= ckpt["epoch"]]
-    return {"checkpoint": ckpt, "records": records}
+        return f"CONFIG.TRAIN.RESUME {path}: cannot load it ({type(exc).__name__}: {first_line(exc)})"
+    ckpt["path"] = str(path)
+    return ckpt
 
 
 def load_resume_state(
     ctx: DistContext, resume: str, ckpt_dir: Path, metrics_path: Path, writer: bool
 ) -> dict[str, Any] | None:
     """The checkpoint every process resumes from (with its "path" on the node that read it), None for a fresh start.
-    Every process calls it, at the same point; ``writer``: this process writes checkpoints and metrics.jsonl."""
+    Every process calls it, at the same point; ``writer``: this process writes checkpoints and metrics.jsonl.
+
+    Every process of a node that holds the checkpoint reads it itself; the others get it from the first holder, which
+    also sends its metrics.jsonl records up to the checkpoint. A process that cannot read it says why, and every
+    process raises that, so none waits for the others."""
     if not resume:
         return None
     auto = resume == "auto"
     first = ctx.local_rank == 0
     if auto:
         listing: Any = node_checkpoints(ckpt_dir) if first else None
-        choice = choose_checkpoint(all_gather_object(listing))
+        listings = all_gather_object(listing)
+        choice = choose_checkpoint(listings)
+        held = {rank for rank, node in enumerate(listings) if node is not None and choice and choice[0] in node.names}
     else:
         listing = Path(resume).expanduser().is_file() if first else None
-        choice = _choose_path(all_gather_object(listing), resume)
+        listings = all_gather_object(listing)
+        choice = _choose_path(listings, resume)
+        held = {rank for rank, has in enumerate(listings) if has}
     if choice is None:
         return None
     name, holder = choice
-    payload = None
-    if ctx.rank == holder:
-        payload = _read_as_holder(ckpt_dir / name if auto else Path(resume).expanduser(), metrics_path, auto)
-    payload = broadcast_object(payload, src=holder)
-    if "error" in payload:
-        raise CheckpointError(payload["error"])
-    ckpt = payload["checkpoint"]
+    path = ckpt_dir / name if auto else Path(resume).expanduser()
+    node_first = ctx.rank - ctx.local_rank
+    got = _read(path) if node_first in held else None
+    errors = [error for error in all_gather_object(got if isinstance(got, str) else None) if error]
+    if errors:
+        raise CheckpointError(errors[0])
+    if len(held) * ctx.local_world_size < ctx.world_size:  # a node without a copy: the first holder sends it
+        sent = broadcast_object(got if ctx.rank == holder else None, src=holder)
+        got = got if got is not None else sent
+    assert isinstance(got, dict)
+    records = None
+    if auto and ctx.rank == holder and metrics_path.is_file():
+        records = [r for r in read_records(metrics_path) if r.get("epoch", 0) <= got["epoch"]]
+    records = broadcast_object(records, src=holder)
     if writer and auto:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(ckpt_dir / LAST_RESUME_FILE, {"name": name, "step": ckpt["step"]})
-        if payload["records"] is not None:
-            write_records(metrics_path, payload["records"])
+        write_json_atomic(ckpt_dir / LAST_RESUME_FILE, {"name": name, "step": got["step"]})
+        if records is not None:
+            write_records(metrics_path, records)
     if holder != 0:
-        log.info("rank 0 holds no copy of %s: read by rank %d", Path(ckpt["path"]).name, holder)
-    return ckpt
+        log.info("rank 0 holds no copy of %s: read by rank %d", Path(got["path"]).name, holder)
+    return got

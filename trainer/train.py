@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import hashlib
 import json
 import logging
 import random
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,33 +50,39 @@ import torch
 from torch import nn
 
 from trainer import checkpoint, heartbeat
-from trainer.accel import amp_dtype, configure_backends, prepare_model, wrap_ddp
+from trainer.accel import amp_dtype, configure_backends, prepare_model, unwrap_ddp, wrap_ddp
 from trainer.bad_videos import BadVideos
 from trainer.checkpoint import CheckpointWriter
 from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
 from trainer.coordination import StepControl, StopRequest, stop_signals
 from trainer.data import build_dataset, build_loader, loader_workers
 from trainer.data.check import require_readable
-from trainer.data.loader import epoch_batches, set_loader_epoch, skip_batches
+from trainer.data.loader import end_workers, epoch_batches, set_loader_epoch, skip_batches
 from trainer.data.multigrid import MultigridSchedule
 from trainer.distributed import (
     DistContext,
+    PeerError,
     add_launcher_args,
     all_gather_object,
     barrier,
     broadcast_buffers,
     broadcast_object,
     launch,
+    leave_group,
+    rejoin,
 )
 from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
-from trainer.errors import Preempted, reading_checkpoint, report_user_errors
+from trainer.errors import Preempted, first_line, lost_peer, reading_checkpoint, report_user_errors
+from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
 from trainer.model_setup import apply_training_controls, build_model_from_config
 from trainer.pace import StepClock
 from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
 from trainer.resume import EpochProgress, load_resume_state
+from trainer.runtime.channel import Join
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
+from trainer.timeline import PROCESS
 from trainer.weights import load_weights
 from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, resolve_normalisation
 
@@ -122,9 +130,31 @@ class Run:
     progress: EpochProgress | None  # where the start epoch stands, when resumed from a mid-epoch checkpoint
     attempt: dict[str, Any] | None  # rank 0: $VIDCLUSTER_ATTEMPT, recorded after this attempt's first step
     resumed_step: int
+    place: InPlace | None  # restart in place: the supervisor's word is read after every step
     bad_videos: BadVideos  # the run's bad videos, every rank's (trainer.bad_videos)
     best_top1: float = -1.0
     stepped: bool = False  # this attempt has taken an optimizer step
+
+
+@dataclass
+class Kept:
+    """What a process that restarts in place keeps from one attempt to the next (trainer.inplace): its model (not
+    its weights: the next attempt loads the checkpoint into it) and, while its rank and the world size stay, its data
+    loaders and their workers."""
+
+    rank: int
+    world_size: int
+    model: nn.Module  # unwrapped, on the device
+    loaders: tuple[object, object, object]  # train, val, precise BN
+
+    @classmethod
+    def of(cls, run: Run) -> Kept:
+        unwrap_ddp(run.model)
+        return cls(run.ctx.rank, run.ctx.world_size, run.raw_model,
+                   (run.train_loader, run.val_loader, run.precise_bn_loader))
+
+    def loaders_for(self, ctx: DistContext) -> tuple[object, object, object] | None:
+        return self.loaders if (self.rank, self.world_size) == (ctx.rank, ctx.world_size) else None
 
 
 def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
@@ -156,23 +186,61 @@ def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, 
 
 
 def train_worker(ctx: DistContext, cfg: Config) -> None:
-    """Everything one training process does, from datasets to the final checkpoint."""
+    """Everything one training process does, from datasets to the final checkpoint; under the runtime with restart
+    in place, attempt after attempt in the same process (trainer.inplace)."""
     # First the stop signals: a stop asked for while the run starts is honoured at its first step.
     with stop_signals() as stop, loader_workers():
-        run = prepare_run(ctx, cfg, stop)
-        try:
-            for epoch in range(run.start_epoch, cfg.CONFIG.TRAIN.EPOCH_NUM):
-                run_epoch(run, epoch)
-            finish(run)
-        except Preempted:
-            raise  # the status says so already
-        except BaseException as exc:
-            run.reporter.close("failed", f"{type(exc).__name__}: {exc}")
-            raise
+        place = InPlace.from_env()
+        kept: Kept | None = None
+        join: Join | None = None  # the attempt this process was handed in place
+        while True:
+            run = None
+            try:
+                if join is not None:
+                    ctx, cfg = rejoin(ctx, cfg, join.rank, join.rendezvous, list(join.world_urls))
+                run = prepare_run(ctx, cfg, stop, kept, place)
+                for epoch in range(run.start_epoch, cfg.CONFIG.TRAIN.EPOCH_NUM):
+                    run_epoch(run, epoch)
+                finish(run)
+                return
+            except Preempted:
+                raise  # the status says so already
+            except BaseException as exc:
+                if run is not None:
+                    run.reporter.close("failed", f"{type(exc).__name__}: {first_line(exc)}")
+                if place is None or stop.requested or not attempt_ended(exc):
+                    raise
+                log.warning("rank %d: attempt %s is over (%s: %s); waiting in place for the next one", ctx.rank,
+                            PROCESS.attempt, type(exc).__name__, first_line(exc))
+                kept = park(run, kept)
+            run = None
+            gc.collect()  # the attempt's DDP wrapper, optimizer and groups go now, not whenever
+            try:
+                join = place.next_attempt(PROCESS.attempt, lambda: stop.requested)
+            except ParentGone as exc:
+                raise PeerError(f"rank {ctx.rank}: {exc}") from None
+            log.warning("rank %d: joining attempt %d in place as node rank %d, rendezvous %s", ctx.rank, join.attempt,
+                        join.rank, join.rendezvous)
 
 
-def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest) -> Run:
-    """Datasets, checkpoint writers, the model and its training state (resumed when there is a checkpoint)."""
+def attempt_ended(exc: BaseException) -> bool:
+    """Whether ``exc`` ends this process's attempt rather than being a failure of its own: its peers lost, its group
+    not formed (PeerError), or its supervisor's word (LeftAttempt)."""
+    return isinstance(exc, LeftAttempt | PeerError) or (isinstance(exc, Exception) and lost_peer(exc))
+
+
+def park(run: Run | None, kept: Kept | None) -> Kept | None:
+    """Out of an attempt that is over: its group torn down; what the next attempt keeps. A checkpoint being written
+    goes on being written meanwhile (a thread that the process's exit waits for): whether the next attempt sees it or
+    not, every rank chooses the same checkpoint (trainer.resume)."""
+    leave_group()
+    return Kept.of(run) if run is not None else kept
+
+
+def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | None = None,
+                place: InPlace | None = None) -> Run:
+    """Datasets, checkpoint writers, the model and its training state (resumed when there is a checkpoint); ``kept``:
+    what this process kept from the attempt before (restart in place)."""
     out = run_dir(cfg)
     setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     train = cfg.CONFIG.TRAIN
@@ -185,19 +253,28 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest) -> Run:
         dump_config(cfg, out / RUN_CONFIG_FILE)
     config_yaml = broadcast_object(config_to_yaml(cfg) if ctx.is_main else None)
 
-    train_loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)
-    val_loader = build_loader(build_dataset(cfg, "val"), cfg, "val", ctx)
+    loaders = kept.loaders_for(ctx) if kept is not None else None
+    if loaders is None:
+        if kept is not None:
+            end_workers()  # this rank's shards are another's now: the loaders of the attempt before go
+        loaders = (build_loader(build_dataset(cfg, "train"), cfg, "train", ctx),
+                   build_loader(build_dataset(cfg, "val"), cfg, "val", ctx), None)
+    train_loader, val_loader, precise_bn_loader = loaders
     if len(train_loader) == 0:
         raise ConfigError(f"CONFIG.TRAIN.DROP_LAST: each rank has fewer training videos than BATCH_SIZE "
                           f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
     epoch_steps = [-(-batches // train.ACCUM_STEPS) for batches in epoch_batches(train_loader, train.EPOCH_NUM)]
     writer = CheckpointWriter(ckpt_dir, train.KEEP_LAST) if checkpoint.writes_checkpoints(ctx, out) else None
 
-    model = build_train_model(cfg, ctx)
-    with reading_checkpoint(f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"):
+    reading = f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"
+    with reading_checkpoint(reading):
         resume = load_resume_state(ctx, train.RESUME, ckpt_dir, out / METRICS_FILE, writer is not None)
-        if resume is not None:
+    # A kept model has trained on: without a checkpoint the run starts again from the initial weights.
+    model = kept.model if kept is not None and resume is not None else build_train_model(cfg, ctx)
+    if resume is not None:
+        with reading_checkpoint(reading):
             model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
+    PROCESS.mark("checkpoint")
     raw_model = model
     model = wrap_ddp(model, ctx, cfg)
 
@@ -224,12 +301,13 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest) -> Run:
     reporter.update_status(force=True, state="running", epoch=start_epoch, step=state.step,
                            steps_per_epoch=steps_per_epoch)
     inference = checkpoint.inference_info(cfg, checkpoint.class_names(cfg))
-    precise_bn_loader = train_loader
-    if train.PRECISE_BN and MultigridSchedule.from_config(cfg) is not None:
-        precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False)
+    if precise_bn_loader is None:
+        precise_bn_loader = train_loader
+        if train.PRECISE_BN and MultigridSchedule.from_config(cfg) is not None:
+            precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False)
     control = StepControl(ctx, train.CHECKPOINT_MINUTES, stop)
     run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter,
-              inference, config_yaml, control, writer, start_epoch, progress, attempt, state.step, BadVideos(),
+              inference, config_yaml, control, writer, start_epoch, progress, attempt, state.step, place, BadVideos(),
               best_top1)
     record_bad_videos(run, BadVideos.from_checkpoint(resume).items())
     return run
@@ -318,7 +396,10 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     run.reporter.step_done(state.step, verdict.clips, state.scheduler.get_last_lr()[0])
     if not run.stepped:
         run.stepped = True
+        PROCESS.mark("first_step")
         record_attempt(run)
+    if run.place is not None:
+        run.place.check(PROCESS.attempt)  # the supervisor may have said this attempt is over
     if verdict.stop or (verdict.checkpoint and not epoch_end):  # at the epoch's end its own checkpoint comes
         save_mid_epoch(run, epoch, epoch_lr, tally)
     if verdict.stop:
@@ -412,7 +493,8 @@ def setup_launcher_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = get_args_parser().parse_args(argv)
+    PROCESS.mark("imported")
+    args = get_args_parser().parse_args(standby_argv(list(sys.argv[1:] if argv is None else argv)))
     setup_launcher_logging()
     cfg = load_cli_config(args)
     prepare_initial_weights(cfg)

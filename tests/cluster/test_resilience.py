@@ -2,9 +2,12 @@
 addresses (gloo, the watch and the rendezvous all over IPv6), a 10 s heartbeat timeout:
   - an uninterrupted run (the reference: its final weights);
   - a trainer killed (SIGKILL) mid-run: the job restarts by itself and ends with the reference's weights;
-  - a trainer frozen (SIGSTOP): caught within the heartbeat timeout, restarted, finished;
+  - a trainer frozen (SIGSTOP): caught within the heartbeat timeout, restarted, ends with the reference's weights;
   - restarts off (-e max_restarts=0): a kill ends the job, saying why;
-  - a node lost for good (every process of its namespace killed): the spare takes its rank and the job finishes;
+  - a node lost for good (every process of its namespace killed): the spare takes its rank and the job ends with the
+    reference's weights;
+  In each restart, the surviving trainer goes on in place and the failed node's (or the spare's) starts in its
+  standby (restart in place, the default).
   - the rank-0 node (the job's hub) lost: the nodes choose a new hub, the spare joins, the job finishes from the
     checkpoint that survived on the other node, and the controller follows the new hub;
   - SIGTERM to every supervisor (a preemption): every rank checkpoints at the same step, the job restarts and loses
@@ -41,7 +44,7 @@ from tests.cluster.conftest import (
     stage_dataset,
     trainer_pid,
 )
-from trainer.runtime.record import JobRecord
+from trainer.runtime.record import JobRecord, Start
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +110,15 @@ def restarted(job: str) -> dict[str, Any]:
     return {**attempt, "steps_per_epoch": per_epoch}
 
 
+def came_back(rec: JobRecord) -> dict[str, Start]:
+    """How each node's trainer came to the restarted attempt (restart in place: the survivors in place, the failed
+    node's or the spare's in its standby), every phase of it on record."""
+    nodes = rec.attempts[1].nodes
+    assert nodes.keys() == rec.attempts[1].assignment.keys(), rec.attempts[1]
+    assert all(None not in (t.imported, t.group, t.checkpoint, t.first_step) for t in nodes.values()), nodes
+    return {node: timeline.start for node, timeline in nodes.items()}
+
+
 def digest(job: str) -> str:
     found = json.loads((REPO / "runs" / job / "weights_digest.json").read_text())
     assert found["identical"], found
@@ -141,6 +153,7 @@ def test_a_killed_trainer_restarts_by_itself_and_ends_with_the_same_weights(clus
     assert play.returncode == 0, out[-4000:]
     rec = record(node0, job)
     assert rec.restarts == 1 and rec.assignment == {"node0": 0, "node1": 1}  # the same nodes, same ranks
+    assert came_back(rec) == {"node0": Start.IN_PLACE, "node1": Start.STANDBY}
     cause = rec.attempts[1].cause
     assert cause is not None and (cause.node, cause.kind) == ("node1", "killed") and cause.detect_s < 5
     assert f"{job}: restarting (attempt 2 of 4): node1 killed, detected in " in out  # the follow says so
@@ -154,7 +167,8 @@ def test_a_killed_trainer_restarts_by_itself_and_ends_with_the_same_weights(clus
     assert digest(job) == reference
 
 
-def test_a_frozen_trainer_is_caught_within_the_heartbeat_timeout_and_restarted(cluster: LocalCluster) -> None:
+def test_a_frozen_trainer_is_caught_within_the_heartbeat_timeout_and_restarted(cluster: LocalCluster,
+                                                                              reference: str) -> None:
     node0 = cluster.nodes[0]
     job = f"{cluster.name}-frozen"
     play = launch(cluster, job)
@@ -165,7 +179,9 @@ def test_a_frozen_trainer_is_caught_within_the_heartbeat_timeout_and_restarted(c
     cause = record(node0, job).attempts[1].cause
     assert cause is not None and (cause.node, cause.kind) == ("node0", "frozen")
     assert cause.detect_s <= 10 + 5  # detected within the heartbeat timeout (+ 5 s)
+    assert came_back(record(node0, job)) == {"node0": Start.STANDBY, "node1": Start.IN_PLACE}
     assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
+    assert digest(job) == reference
 
 
 def test_with_restarts_off_a_kill_ends_the_job_saying_why(cluster: LocalCluster) -> None:
@@ -200,7 +216,7 @@ def lose_node(cluster: LocalCluster, job: str, lost: Node) -> tuple[subprocess.P
         repair(cluster)
 
 
-def test_a_node_lost_for_good_is_replaced_by_the_spare(cluster: LocalCluster) -> None:
+def test_a_node_lost_for_good_is_replaced_by_the_spare(cluster: LocalCluster, reference: str) -> None:
     node0, node1, _ = cluster.nodes
     job = f"{cluster.name}-lost"
     play, out = lose_node(cluster, job, node1)
@@ -208,8 +224,10 @@ def test_a_node_lost_for_good_is_replaced_by_the_spare(cluster: LocalCluster) ->
     rec = record(node0, job)
     assert rec.assignment == {"node0": 0, "node2": 1} and "node1" in rec.lost  # the spare took rank 1
     assert rec.cause is not None and rec.cause.node == "node1"
+    assert came_back(rec) == {"node0": Start.IN_PLACE, "node2": Start.STANDBY}
     assert "node2 replaces node1" in (node_job_dir(node0, job) / "train.log").read_text()
     assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
+    assert digest(job) == reference
 
 
 def test_the_rank0_node_lost_the_job_goes_on_with_a_new_hub(cluster: LocalCluster) -> None:

@@ -21,7 +21,8 @@ import pytest
 
 from tests.cluster.conftest import REPO
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import layout, nodestate, procs
+from trainer.runtime import channel, layout, nodestate, procs
+from trainer.runtime.channel import ProcState
 from trainer.runtime.messages import NodeState
 from trainer.runtime.record import JobRecord
 
@@ -39,12 +40,15 @@ class Job:
 
     def __init__(self, tmp_path: Path, nodes: int, spares: int = 0, node_wait: float = 20.0, max_restarts: int = 3,
                  steps: int = 300, env: dict[str, str] | None = None, argv: tuple[str, ...] | None = None,
-                 stragglers: dict[str, Any] | None = None) -> None:
+                 stragglers: dict[str, Any] | None = None, in_place: bool = True) -> None:
         """``steps``: the stand-ins' first attempt (a tenth of a second each; a restarted attempt trains 10 more);
         ``stragglers``: the job description's straggler settings (trainer.runtime.straggler)."""
         homes = [str(tmp_path / f"home{i}") for i in range(nodes + spares)]
+        peers = tmp_path / "peers"  # every stand-in of the job says it is there (tests/runtime/standin.py)
+        peers.mkdir(parents=True)
         spec = job(homes, spares=spares, net=NET, watch=WATCH,
-                   restarts={"max_restarts": max_restarts, "node_wait": node_wait}, stragglers=stragglers or {})
+                   restarts={"max_restarts": max_restarts, "node_wait": node_wait, "in_place": in_place},
+                   stragglers=stragglers or {})
         self.plans = plans(spec)
         self.folders: dict[str, str] = {}
         for name, planned in self.plans.items():
@@ -52,7 +56,7 @@ class Job:
             plan = dataclasses.replace(
                 planned, argv=argv or (sys.executable, *layout.SAFE_PATH, str(STANDIN), "--config-file", "x"),
                 env={**planned.env, "PYTHONPATH": str(REPO), "STANDIN_RUN_DIR": run, "STANDIN_STEPS": str(steps),
-                     **(env or {})})
+                     "STANDIN_PEERS": str(peers), **(env or {})})
             folder = Path(plan.paths.job_dir)
             folder.mkdir(parents=True)
             (folder / layout.PLAN_FILE).write_text(plan.to_json())
@@ -87,12 +91,18 @@ class Job:
     def lose(self, name: str) -> None:
         """The node is gone: its supervisor and its trainer killed at once."""
         self.signal(name, signal.SIGKILL)
-        wait_until(lambda: not self.processes(name), 10, f"{name}'s processes to end")
+        wait_until(lambda: not self.processes(name), 10, f"{name}'s processes to end",
+                   lambda: "\n".join(Path(f"/proc/{pid}/cmdline").read_text() for pid in self.processes(name)))
 
     def close(self) -> None:
-        for name in self.names:
-            self.signal(name, signal.SIGCONT)
-            self.signal(name, signal.SIGKILL)
+        """Every process of the job killed, again until none is left (a supervisor may start its standby between
+        the look and the kill)."""
+        deadline = time.monotonic() + 10
+        while any(self.processes(name) for name in self.names) and time.monotonic() < deadline:
+            for name in self.names:
+                self.signal(name, signal.SIGCONT)
+                self.signal(name, signal.SIGKILL)
+            time.sleep(0.05)
 
     # -- looking -----------------------------------------------------------------------------------------------------
 
@@ -127,6 +137,16 @@ class Job:
         """What the stand-in with rank 0 on ``name`` recorded of each restarted attempt."""
         path = self.run_file(name, "attempts.jsonl")
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def standby(self, name: str) -> int | None:
+        """The pid of ``name``'s standby, once it waits (its report in the node's channel says so)."""
+        folder = Path(self.folders[name]) / layout.CHANNEL_DIR
+        return next((r.pid for r in channel.processes(folder)
+                     if r.state == ProcState.STANDBY and procs.belongs(r.pid, self.folders[name])), None)
+
+    def weights(self, name: str) -> dict[str, Any]:
+        """The final "weights" the stand-in on ``name`` wrote at the end (its rank, its step, its weights)."""
+        return json.loads(self.run_file(name, "weights.json").read_text())
 
     def step(self, name: str) -> int:
         try:

@@ -4,7 +4,10 @@ lost (a new hub, rank 0 on the node with the second copy), a preemption. Seconds
 cluster with the real trainer (tests/cluster/test_resilience.py).
 
 Each test asserts where the job resumed, not only that it ended: the stand-in with rank 0 records what its supervisor
-told it ($VIDCLUSTER_ATTEMPT), the step it resumed from and the copy it read."""
+told it ($VIDCLUSTER_ATTEMPT), the step it resumed from and the copy it read; and how each node's trainer came to the
+next attempt (restart in place, the default: a survivor goes on in its process, a node that lost its trainer starts
+the attempt in its standby), with its phases on record, and every rank's final "weights" those of an uninterrupted
+run to the same step."""
 
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.runtime.loopback import WATCH, Job, loopback, wait_until
+from tests.runtime.standin import trained
 from trainer.runtime import layout
-from trainer.runtime.record import EndState, Kind
+from trainer.runtime.record import EndState, JobRecord, Kind, Start
 
 __all__ = ["loopback"]
 T = WATCH["heartbeat_timeout"]
@@ -43,12 +47,44 @@ def resumed_from_a_checkpoint(job: Job, rank0: str) -> dict[str, object]:
     return attempt
 
 
+def uninterrupted(steps: int) -> str:
+    """The stand-in's "weights" after ``steps`` steps of an uninterrupted run."""
+    weights = ""
+    for step in range(1, steps + 1):
+        weights = trained(weights, step)
+    return weights
+
+
+def exact(job: Job, *nodes: str) -> None:
+    """Every rank of the last attempt ended with the weights of an uninterrupted run to its last step."""
+    ends = [job.weights(name) for name in nodes]
+    assert sorted(end["rank"] for end in ends) == list(range(len(nodes))), ends
+    for end in ends:
+        assert end["weights"] == uninterrupted(end["step"]), (end, nodes)
+
+
+def came(record: JobRecord, attempt: int = 1) -> dict[str, tuple[Start, str]]:
+    """How each node's trainer came to ``attempt``, and why not in place; each node's phases of that attempt and of
+    the one before on record (a trainer that ended, killed or lost, keeps its phases there), in order."""
+    entry = record.attempts[attempt]
+    assert entry.cause is not None and entry.stopped_at is not None
+    assert entry.cause.at <= entry.cause.detected_at <= entry.stopped_at <= entry.started_at, entry
+    for each in record.attempts[attempt - 1:attempt + 1]:
+        for node, timeline in each.nodes.items():
+            phases = [timeline.started, timeline.imported, timeline.group, timeline.checkpoint, timeline.first_step]
+            assert None not in phases and phases == sorted(phases) and each.started_at <= timeline.started, (node, each)
+        assert each.nodes.keys() == each.assignment.keys(), each
+    return {node: (timeline.start, timeline.fallback) for node, timeline in entry.nodes.items()}
+
+
 def test_a_killed_trainer_is_restarted_on_the_same_nodes_from_the_newest_checkpoint(loopback: Callable[..., Job]
                                                                                       ) -> None:
     job = started(loopback, 2)
-    [trainer] = job.processes("n1", trainers_only=True)
+    trainer = job.state("n1").trainer.pid
+    assert trainer is not None
+    wait_until(lambda: job.standby("n1"), 30, "n1's standby", job.logs)
     signal_at = time.time()
-    job.signal("n1", signal.SIGKILL, trainers_only=True)
+    os.kill(trainer, signal.SIGKILL)
     record = job.ended()
     assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
     assert record.restarts == 1 and record.assignment == {"n0": 0, "n1": 1}
@@ -60,6 +96,11 @@ def test_a_killed_trainer_is_restarted_on_the_same_nodes_from_the_newest_checkpo
         "resumed_step"]
     assert -CKPT < attempt["steps_lost"] <= 2 * CKPT  # what was trained since the checkpoint, and no more
     assert job.step("n0") == attempt["resumed_step"] + 10 and trainer not in job.processes("n1")
+    # n0 went on in place, n1's next attempt ran in its standby; both end as an uninterrupted run would.
+    assert came(record) == {"n0": (Start.IN_PLACE, ""),
+                            "n1": (Start.STANDBY, "its trainer was killed by signal 9 (SIGKILL) (attempt 0)")}
+    assert attempt["how"] == "in place" and record.attempts[0].nodes["n0"].start == Start.PROCESS
+    exact(job, "n0", "n1")
     # n1's supervisor reported over one connection all along, through both attempts: each side of a link counts its
     # messages (a side that did not would break the link at its second message, and every report would reconnect).
     watch = json.loads((Path(job.folders["n0"]) / layout.WATCH_FILE).read_text())
@@ -68,13 +109,18 @@ def test_a_killed_trainer_is_restarted_on_the_same_nodes_from_the_newest_checkpo
 
 def test_a_frozen_trainer_is_caught_by_its_heartbeat_and_killed(loopback: Callable[..., Job]) -> None:
     job = started(loopback, 2)
-    job.signal("n0", signal.SIGSTOP, trainers_only=True)  # frozen, not dead: only its silence can tell
+    trainer = job.state("n0").trainer.pid
+    assert trainer is not None
+    os.kill(trainer, signal.SIGSTOP)  # frozen, not dead: only its silence can tell
     record = job.ended()
     assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
     cause = record.attempts[1].cause
     assert cause is not None and (cause.node, cause.kind) == ("n0", Kind.FROZEN)
     assert T <= cause.detect_s <= T + 4  # the heartbeat timeout, and a report or two
     resumed_from_a_checkpoint(job, "n0")
+    ways = came(record)
+    assert ways == {"n0": (Start.STANDBY, "its trainer froze (attempt 0)"), "n1": (Start.IN_PLACE, "")}
+    exact(job, "n0", "n1")
 
 
 def test_a_lost_node_is_replaced_by_the_spare_in_its_rank(loopback: Callable[..., Job]) -> None:
@@ -85,9 +131,13 @@ def test_a_lost_node_is_replaced_by_the_spare_in_its_rank(loopback: Callable[...
     assert record.assignment == {"n0": 0, "n2": 1} and "n1" in record.lost and record.restarts == 1
     cause = record.attempts[1].cause
     assert cause is not None and (cause.node, cause.kind) == ("n1", Kind.LOST)
-    assert T <= cause.detect_s <= T + 4
+    # Its peer's collective broke at once (the stand-in parked): the hub named the attempt's failure then, and named
+    # its cause, the lost node, once it had been silent for the loss time.
+    assert 0 <= cause.detect_s <= T + 4
     assert "n2 replaces n1" in job.log("n0")
     resumed_from_a_checkpoint(job, "n0")
+    assert came(record) == {"n0": (Start.IN_PLACE, ""), "n2": (Start.STANDBY, "")}  # the spare's standby, at once
+    exact(job, "n0", "n2")
 
 
 def test_a_node_cut_off_without_a_spare_is_waited_for_and_welcomed_back(loopback: Callable[..., Job]) -> None:
@@ -105,6 +155,12 @@ def test_a_node_cut_off_without_a_spare_is_waited_for_and_welcomed_back(loopback
     cause = record.attempts[1].cause
     assert cause is not None and (cause.node, cause.kind) == ("n1", Kind.LOST)
     resumed_from_a_checkpoint(job, "n0")
+    # n0 went on in place; n1, back, left its attempt in place too, unless its supervisor saw its heartbeat (stale
+    # while it was stopped) before its trainer beat again, and killed it as frozen.
+    ways = came(record)
+    assert ways["n0"] == (Start.IN_PLACE, "") and ways["n1"] in (
+        (Start.IN_PLACE, ""), (Start.STANDBY, "its trainer froze (attempt 0)")), ways
+    exact(job, "n0", "n1")
 
 
 def test_the_hubs_node_lost_a_new_hub_waits_out_the_old_attempt_and_rank_0_moves_to_the_second_copy(
@@ -126,6 +182,8 @@ def test_the_hubs_node_lost_a_new_hub_waits_out_the_old_attempt_and_rank_0_moves
     attempt = resumed_from_a_checkpoint(job, "n1")  # the surviving copy, on n1
     assert attempt["resumed_step"] >= copy_step - CKPT - 2  # the copy kept up with rank 0
     assert "this node is the job's hub now (term 1; n0 was lost)" in job.log("n1")
+    assert came(record) == {"n1": (Start.IN_PLACE, ""), "n2": (Start.STANDBY, "")}
+    exact(job, "n1", "n2")
 
 
 def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callable[..., Job]) -> None:
@@ -139,3 +197,6 @@ def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callab
     attempt = resumed_from_a_checkpoint(job, "n0")
     assert attempt["steps_lost"] == 0 and attempt["resumed_step"] == cause.failed_step
     assert all("the trainer exited with status 75" in job.log(name) for name in job.names), job.logs()
+    preempted = "its trainer checkpointed and stopped when asked (exit status 75) (attempt 0)"
+    assert came(record) == {"n0": (Start.STANDBY, preempted), "n1": (Start.STANDBY, preempted)}
+    exact(job, "n0", "n1")

@@ -10,7 +10,7 @@ from tests.runtime.test_plan import job, plans
 from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.messages import IDLE, Report, Says, Trainer, TrainerState, Trouble
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import JobRecord
+from trainer.runtime.record import JobRecord, NodeTimeline, Start
 
 HT = 60.0  # the plans' heartbeat timeout
 
@@ -22,7 +22,8 @@ def plan(nodes: int = 2, spares: int = 0, **extra: Any) -> NodePlan:
 def report(node: str, trainer: Trainer, trouble: Trouble | None = None, **fields: Any) -> Report:
     """A member's report to the hub."""
     given = {"says": Says.REPORT, "node": node, "term": 0, "addr": f"{node}:1", "version": 0, "trainer": trainer,
-             "trouble": trouble, "progress": None, "port_offer": None, "record": None, "pace": None}
+             "trouble": trouble, "progress": None, "port_offer": None, "record": None, "pace": None,
+             "timeline": None}
     return Report(**{**given, **fields})
 
 
@@ -170,9 +171,9 @@ def test_the_hub_lets_a_failures_cause_arrive_before_it_names_one() -> None:
     j.trainers["n1"] = dataclasses.replace(j.trainers["n1"], ended=j.wall - 1)
     j.report("n1")
     j.now += j.hub.timings.settle / 2
-    j.hub.tick(j.now, j.wall)
-    assert j.record.phase == "stopping" and j.record.first_failure is not None
-    assert (j.record.first_failure.node, j.record.first_failure.kind) == ("n1", "killed")
+    j.hub.tick(j.now, j.wall)  # named, and with no trainer left running, restarted at once
+    cause = j.record.attempts[-1].cause
+    assert j.record.attempt == 1 and cause is not None and (cause.node, cause.kind) == ("n1", "killed")
 
 
 def test_a_member_whose_trainer_does_not_stop_is_lost_after_the_confirm_time() -> None:
@@ -200,3 +201,46 @@ def test_a_lost_member_heard_again_with_its_trainer_stopped_is_welcomed_back() -
     j.tick(3, "n0", "n1")
     assert j.record.lost == {} and j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n1": 1}
     assert "n1 answered again" in j.log
+
+
+def test_the_launchs_hub_keeps_its_record_when_a_member_joins_again_with_its_older_copy() -> None:
+    """A member back from a cut joins with the record it last heard (a version of this very hub's record): the hub
+    adopts nothing from it; only a hub that took over learns the job from its members."""
+    j = Job(plan())
+    j.tick(3, "n0", "n1")
+    old = j.record
+    j.exit("n1", -9)
+    j.report("n1")
+    j.hub.tick(j.now, j.wall)
+    j.now += j.hub.timings.settle
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "stopping" and not j.hub.acted  # n0's trainer is still stopping
+    j.hub.adopt(dataclasses.replace(old, version=old.version + 1))  # newer than the hub's first record
+    assert j.record.phase == "stopping" and j.record.first_failure is not None
+
+
+def test_a_parked_trainer_is_its_peers_consequence_and_the_hub_names_the_cause_without_waiting() -> None:
+    """n1 killed, n0's trainer parked at once (restart in place): every node of the attempt has failed, so the hub
+    names the kill at once (no settling time) and restarts, recording when the attempt was over; each member's
+    timeline of the new attempt goes into its entry, and a timeline of another attempt or node does not."""
+    j = Job(plan(nodes=2, spares=1))
+    j.tick(3, "n0", "n1", "n2")
+    j.trainers["n0"] = dataclasses.replace(j.trainers["n0"], state=TrainerState.PARKED, ended=j.wall)
+    j.exit("n1", -9)
+    j.trainers["n1"] = dataclasses.replace(j.trainers["n1"], ended=j.wall - 0.5)  # the kill came first
+    j.report("n0", "n1", "n2")
+    named = j.record.version
+    j.hub.tick(j.now, j.wall)  # named without the settling time (nothing else can arrive), and no trainer runs:
+    entry = j.record.attempts[1]  # the attempt is over everywhere, and the next one starts in the same tick
+    assert j.record.attempt == 1 and entry.stopped_at == j.wall and entry.cause.detected_at == j.wall
+    assert (entry.cause.node, entry.cause.kind) == ("n1", "killed") and j.record.version > named
+    timeline = NodeTimeline(start=Start.IN_PLACE, fallback="", started=j.wall, imported=j.wall, group=None,
+                            checkpoint=None, first_step=None)
+    running = dataclasses.replace(IDLE, attempt=1, state=TrainerState.RUNNING)
+    j.hub.heard("n0", report("n0", running, timeline=timeline), j.now)
+    j.hub.heard("n1", report("n1", dataclasses.replace(running, attempt=0), timeline=timeline), j.now)  # the old one
+    j.hub.heard("n2", report("n2", running, timeline=timeline), j.now)  # a spare: not in the attempt
+    assert j.record.attempts[1].nodes == {"n0": timeline}
+    version = j.record.version
+    j.hub.heard("n0", report("n0", running, timeline=timeline), j.now)
+    assert j.record.version == version  # the same timeline again changes nothing

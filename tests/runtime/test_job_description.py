@@ -37,7 +37,7 @@ def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: p
     code, err = render(tmp_path, DESCRIBED, capsys)
     assert code == 0, err
     plan = json.loads((tmp_path / "out" / "n1.plan.json").read_text())
-    assert plan["restarts"] == {"max_restarts": 5, "node_wait": 60.0}
+    assert plan["restarts"] == {"max_restarts": 5, "node_wait": 60.0, "in_place": True}
     assert plan["watch"] == {"heartbeat_timeout": 20.0, "startup_timeout": 300.0, "stop_grace": 15.0}
 
 
@@ -51,6 +51,7 @@ def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: p
     (with_node(1, hmoe="/home/b"), "unknown key nodes[1].hmoe (did you mean nodes[1].home?)"),
     ({**DESCRIBED, "port": "29500"}, "port must be an integer, not '29500'"),
     ({**DESCRIBED, "restarts": {"max_restarts": 2.5}}, "restarts.max_restarts must be an integer, not 2.5"),
+    ({**DESCRIBED, "restarts": {"in_place": "false"}}, "restarts.in_place must be true or false, not 'false'"),
     ({**DESCRIBED, "watch": []}, "watch must be an object, not list"),
     ({**DESCRIBED, "weights_table": "yes"}, "weights_table must be true or false, not 'yes'"),
     ({k: v for k, v in DESCRIBED.items() if k != "port"}, "missing port"),

@@ -74,7 +74,7 @@ def test_a_record_with_a_key_too_many_or_a_malformed_attempt_is_refused() -> Non
 def report(**fields: Any) -> dict[str, Any]:
     body = schema.dump(Report(says=Says.REPORT, node="n1", term=0, addr="10.9.0.11:4000", version=3, trainer=IDLE,
                               trouble=None, progress={"state": "running", "step": 5}, port_offer=None, record=None,
-                              pace=None))
+                              pace=None, timeline=None))
     return {**body, **fields}
 
 

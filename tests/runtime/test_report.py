@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.runtime.test_records import a_record
 from trainer.runtime import report
-from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, Phase
+from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, NodeTimeline, Phase, Start
 
 FAILED = {"state": "failed", "epoch": 3, "epochs": 30, "step": 121, "steps_per_epoch": 40,
           "message": "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer GLHF!"}
@@ -58,3 +58,32 @@ def test_the_controllers_reports_read_the_record_through_its_schema() -> None:
     end = report.end_report({"n0": {**status(ended, RUNNING), "state": "stopped"}})
     assert end["state"] == "stopped" and end["message"].startswith("The job stopped: stopped by user")
     assert report.job_end(status(ended, None)) == ended.end
+
+
+def test_every_attempts_timeline_is_said_phase_after_phase() -> None:
+    """training-status.yml's timeline of each attempt: the launch's, and a restart's from the failure to every node's
+    first step, each phase after the one before, with how each node's trainer started and why not in place."""
+    wall = 1.7e9
+    launch = NodeTimeline(Start.PROCESS, "", wall + 0.1, wall + 4.1, wall + 5.0, wall + 5.2, wall + 6.0)
+    record = a_record()
+    first, again = record.attempts
+    first = dataclasses.replace(first, nodes={"n0": launch, "n1": dataclasses.replace(launch, first_step=None)})
+    assert again.cause is not None
+    cause = dataclasses.replace(again.cause, at=wall + 60, detected_at=wall + 61)
+    survivor = NodeTimeline(Start.IN_PLACE, "", wall + 62.0, wall + 62.0, wall + 62.9, wall + 63.2, wall + 63.5)
+    standby = NodeTimeline(Start.STANDBY, "its trainer was killed by signal 9 (SIGKILL) (attempt 0)", wall + 62.1,
+                           wall + 62.1, wall + 62.9, wall + 63.2, wall + 63.6)
+    again = dataclasses.replace(again, cause=cause, stopped_at=wall + 61.5, started_at=wall + 61.9,
+                                nodes={"n1": standby, "n0": survivor})
+    lines = report.timeline_lines(dataclasses.replace(record, attempts=(first, again)).to_json())
+    assert lines == [
+        "attempt 0 (s): the launch; n0 process: started +0.1, imported +4.0, group +0.9, checkpoint +0.2, first step "
+        "+0.8; n1 process: started +0.1, imported +4.0, group +0.9, checkpoint +0.2, first step ?",
+        "attempt 1 (s): failure, named +1.0, over on every node +0.5, decided +0.4; n0 in place: started +0.1, "
+        "imported +0.0, group +0.9, checkpoint +0.3, first step +0.3; n1 standby (its trainer was killed by signal 9 "
+        "(SIGKILL) (attempt 0)): started +0.2, imported +0.0, group +0.8, checkpoint +0.3, first step +0.4; training "
+        "again 3.6 s after the failure"]
+    ended = dataclasses.replace(record, attempts=(first, again), phase=Phase.ENDED,
+                                end=End(EndState.FAILED, "n1 failed first: ...", None))
+    message = report.end_report({"n0": {**status(ended, RUNNING), "state": "failed"}})["message"]
+    assert f"  {lines[1]}" in message.splitlines()

@@ -2,7 +2,8 @@
 launcher's plugins import it from here. Standard library only, no torch, no other module of this package: the
 trainer imports it without importing the runtime, the runtime without the trainer.
 
-- the environment a node's supervisor gives its trainer (and the weights variables a site may set);
+- the environment a node's supervisor gives its trainer (and the weights variables a site may set), and the channel
+  between them (its files: trainer.runtime.channel);
 - what the trainer's exit status tells whoever restarts it;
 - the files of a run directory (LOG.BASE_PATH/EXP_NAME) and which of them the launcher collects;
 - the default weights cache, the run name of ``EXP_NAME: use_time``;
@@ -29,6 +30,16 @@ ATTEMPT_FIELDS: Mapping[str, tuple[type, ...]] = {
     "attempt": (int,), "cause": (str,), "node": (str,), "detected_at": (int, float), "detect_s": (int, float),
     "failed_step": (int, type(None)),
 }
+# The channel between a node's supervisor and its training processes (trainer.runtime.channel): a folder in the node's
+# job folder where each training process reports its attempt, its state and when it reached each phase of the attempt
+# (a benchmark may set it under torchrun: the phases are written whoever starts the trainer).
+CHANNEL_ENV = "VIDCLUSTER_CHANNEL"
+# "1": a training process that loses its peers, or is told its attempt is over, tears down its process group and waits
+# in place for the next attempt (the supervisor's notice in the channel) instead of exiting (trainer.inplace).
+IN_PLACE_ENV = "VIDCLUSTER_IN_PLACE"
+# A standby (an attempt number): a trainer process that imports what it needs, then waits until its supervisor hands
+# it an attempt (that one or a later one) before it reads its config (trainer.inplace).
+STANDBY_ENV = "VIDCLUSTER_STANDBY"
 
 # -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
 WEIGHTS_CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"

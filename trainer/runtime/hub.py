@@ -45,6 +45,7 @@ from trainer.runtime.record import (
     Goodput,
     JobRecord,
     Kind,
+    NodeTimeline,
     Phase,
     Spent,
 )
@@ -68,7 +69,8 @@ def new_record(plan: NodePlan, wall: float) -> JobRecord:
         schema=SCHEMA, version=1, job=plan.job, term=0, hub=plan.members[0].name, attempt=0, phase=Phase.RUNNING,
         assignment=assignment, rendezvous=rendezvous, world_urls=world_urls(plan, assignment), directory={},
         restarts=0, max_restarts=plan.restarts.max_restarts, lost={},
-        attempts=(Attempt(attempt=0, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=None),),
+        attempts=(Attempt(attempt=0, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=None,
+                          stopped_at=None, nodes={}),),
         first_failure=None, detected_at=None, failed_step=None, waiting="", end=None, stragglers={}, spent=(),
         goodput=None,
     )
@@ -111,6 +113,7 @@ class Hub:
         self.majority_until: float | None = None  # the wait for a majority of members ends then
         self.lost_at = {node: now for node in self.record.lost}
         self.progress: JsonObject | None = None  # the rank-0 trainer's status, as its member reported it
+        self.stopped_at: float | None = None  # wall clock: every trainer of the stopping attempt had stopped
         self.took_over = lost_hub is not None
         self.acted = False  # has this hub changed the job (an attempt, an end)? Then it adopts no other record.
         self.base = record  # the newest record adopted so far
@@ -137,11 +140,14 @@ class Hub:
         if node == self.record.rank0 and report.progress is not None:
             self.progress = report.progress
         self.paces.heard(node, report.pace, now)
+        if report.timeline is not None and report.trainer.attempt == self.record.attempt:
+            self._note_timeline(node, report.timeline)
 
     def adopt(self, record: JobRecord) -> None:
         """A newer record of the job from a joining member: a hub that took over learns the job from its members,
-        until it acts on the job itself."""
-        if self.acted or not record.newer_than(self.base) or record.job != self.record.job:
+        until it acts on the job itself. The launch's hub is where every record comes from: a member that joins it
+        again (back from a cut) holds an older copy of its own record."""
+        if not self.took_over or self.acted or not record.newer_than(self.base) or record.job != self.record.job:
             return
         self.base = record
         mine = self.record
@@ -157,6 +163,8 @@ class Hub:
             self._check_running(now, wall)
             if self.record.phase == Phase.RUNNING and not self.failures:
                 self._check_stragglers(now, wall)
+            if self.record.phase == Phase.STOPPING:  # its trainers may all have stopped already (parked, exited)
+                self._check_stopping(now, wall)
         elif phase == Phase.STOPPING:
             self._check_stopping(now, wall)
         elif phase == Phase.WAITING:
@@ -247,6 +255,9 @@ class Hub:
                 else:
                     kind, reason = exit_failure(trainer.rc)
                     self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
+            elif trainer is not None and trainer.state == TrainerState.PARKED:
+                self._fail(Failure(node, Kind.PARKED, "its trainer lost its peers and waits in place for the next "
+                                   "attempt", trainer.ended or wall))
         if len(finished) == len(self.record.assignment):
             self._end(EndState.FINISHED, f"attempt {attempt} trained to the end on every node", wall)
             return
@@ -254,14 +265,16 @@ class Hub:
             return
         if self.first_seen is None:
             self.first_seen = now
-        # A failure's consequences arrive within moments (peers lose their collective): let its cause arrive too.
-        if now - self.first_seen >= self.timings.settle:
+        # A failure's consequences arrive within moments (peers lose their collective): let its cause arrive too,
+        # unless every node of the attempt has failed already (nothing is left to arrive).
+        every = {f.node for f in self.failures} >= set(self.record.assignment)
+        if now - self.first_seen >= self.timings.settle or every:
             first = self.first()
             assert first is not None
             self.log(f"attempt {attempt}: {words(first)}; stopping the attempt on every node")
             self._change(phase=Phase.STOPPING, first_failure=first, detected_at=wall,
                          failed_step=_step(self.progress))
-            self.phase_since = now
+            self.phase_since, self.stopped_at = now, None
 
     # -- stragglers --------------------------------------------------------------------------------------------------
 
@@ -319,6 +332,8 @@ class Hub:
             self.log(f"attempt {self.record.attempt}: {words(first)}")
             self._change(first_failure=first)
         if not pending:
+            if self.stopped_at is None:
+                self.stopped_at = wall
             self._decide(now, wall)
 
     def _available(self, now: float) -> list[str]:
@@ -384,9 +399,11 @@ class Hub:
         attempt = self.record.attempt + 1
         cause = Cause(**dataclasses.asdict(first), detected_at=detected_at,
                       detect_s=round(detected_at - first.at, 1), failed_step=self.record.failed_step)
-        entry = Attempt(attempt=attempt, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=cause)
+        entry = Attempt(attempt=attempt, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=cause,
+                        stopped_at=self.stopped_at, nodes={})
         self.log(f"attempt {attempt}: {reason}")
         self.failures, self.first_seen, self.wait_until, self.majority_until = [], None, None, None
+        self.stopped_at = None
         self.acted = True
         self.slow.reset()
         self._change(attempt=attempt, phase=Phase.RUNNING, assignment=assignment, rendezvous=rendezvous,
@@ -400,6 +417,14 @@ class Hub:
         """The efforts of the ended attempts, the current one's added (it is over)."""
         effort = self.paces.effort(self.record.attempt, self.record.assignment)
         return self.record.spent if effort is None else (*self.record.spent, Spent(self.record.attempt, effort))
+
+    def _note_timeline(self, node: str, timeline: NodeTimeline) -> None:
+        """A member's account of its trainer in the current attempt: how it started, the phases it reached."""
+        current = self.record.attempts[-1]
+        if self.record.end is not None or node not in current.assignment or current.nodes.get(node) == timeline:
+            return  # after the end, the record stays as the members last heard it
+        entry = dataclasses.replace(current, nodes={**current.nodes, node: timeline})
+        self._change(attempts=(*self.record.attempts[:-1], entry))
 
     def _end(self, state: EndState, reason: str, wall: float) -> None:
         self.acted = True

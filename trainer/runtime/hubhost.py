@@ -17,13 +17,17 @@ class HubHost:
         self.hub = hub
         self.acked: dict[str, int] = {}  # member -> the record version it last said it holds
 
-    def answer(self, node: str, report: Report, now: float) -> RecordReply:
-        """A member's join or report: the hub learns from it; the member gets the record."""
+    def answer(self, node: str, report: Report, now: float) -> tuple[RecordReply, bool]:
+        """A member's join or report: the hub learns from it; the member gets the record. Also whether the member's
+        trainer changed since its last report (then the hub should act now)."""
         if report.record is not None:
             self.hub.adopt(report.record)
+        view = self.hub.members.get(node)
+        before = view.report if view is not None else None
+        news = before is None or (before.trainer, before.trouble) != (report.trainer, report.trouble)
         self.hub.heard(node, report, now)
         self.acked[node] = report.version
-        return RecordReply(says=Says.RECORD, record=self.hub.record, progress=self.hub.progress)
+        return RecordReply(says=Says.RECORD, record=self.hub.record, progress=self.hub.progress), news
 
     def tick(self, own: Report, now: float, wall: float) -> None:
         """A moment passes; ``own``: this node's own member's report."""

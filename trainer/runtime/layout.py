@@ -15,6 +15,9 @@ that share a home directory never share a file. Each file has one writer:
     watch.json       the hub         every member as the job's hub sees it (only on the node that hosts the hub)
     stop.request     the stop verb   a user's stop (stop-training.yml)
     heartbeat/<pid>  each trainer    the process's liveness (trainer/heartbeat.py)
+    channel/         the supervisor  the channel to its trainers (trainer.runtime.channel), made 0700:
+      <pid>.json     each trainer    the process's attempt, state and phases (trainer/timeline.py)
+      next-attempt.json  the supervisor  the attempt that is over, and the next one to join in place
     weights-table.json  the launch   the site's table of weights (VIDCLUSTER_WEIGHTS_TABLE), when there is one
     trainer-code.tar.gz  the launch  a code version on its way into <code_root>/<version> (deleted once unpacked)
 
@@ -46,6 +49,7 @@ STATE_FILE = "state.json"
 WATCH_FILE = "watch.json"
 STOP_REQUEST_FILE = "stop.request"
 HEARTBEAT_DIR = "heartbeat"
+CHANNEL_DIR = "channel"
 SITE_WEIGHTS_TABLE = "weights-table.json"
 CODE_ARCHIVE = "trainer-code.tar.gz"  # a code version on its way to the node (unpacked, then deleted)
 

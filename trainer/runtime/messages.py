@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer.runtime import schema
 from trainer.runtime.pace import Pace
-from trainer.runtime.record import End, JobRecord, Kind
+from trainer.runtime.record import End, JobRecord, Kind, NodeTimeline
 from trainer.runtime.schema import JsonObject
 
 
@@ -31,6 +31,7 @@ class Mode(StrEnum):
 class TrainerState(StrEnum):
     IDLE = "idle"  # no attempt started here yet
     RUNNING = "running"
+    PARKED = "parked"  # out of its attempt, its group torn down: it waits in place for the next (trainer.inplace)
     EXITED = "exited"
 
 
@@ -86,6 +87,7 @@ class Report:
     port_offer: int | None  # a free port here: the next attempt's rendezvous if this node gets rank 0
     record: JobRecord | None  # a join: the record this member holds (a hub that took over learns the job from it)
     pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.pace)
+    timeline: NodeTimeline | None  # its trainer's timeline in its attempt (the trainer's attempt)
 
     def __post_init__(self) -> None:
         if self.says not in (Says.JOIN, Says.REPORT):

@@ -76,6 +76,7 @@ class Restarts:
 
     max_restarts: int  # automatic restarts of the job after failures, in all
     node_wait: float  # seconds to wait for a lost node to come back when no spare can replace it
+    in_place: bool  # restart in place: a trainer that survived a failure goes on in its process, a standby waits
 
 
 @dataclass(frozen=True)

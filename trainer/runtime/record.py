@@ -2,11 +2,12 @@
 (trainer.runtime.hub) and every member keeps the newest of.
 
 It says which attempt runs and in which phase, which member has which node rank, the attempt's rendezvous, every
-attempt so far and what ended the one before, the restarts used, the members lost, where each member's supervisor
-listens, and how the job ended; the nodes named slow (trainer.runtime.straggler), what each attempt's trainers spent
-(trainer.runtime.pace) and the job's goodput (trainer.runtime.goodput). Its ``version`` grows with every change and
-its ``term`` with every new hub, so ``newer_than`` orders any two records of a job; a hub that takes over carries on
-from the newest a member kept.
+attempt so far (what ended the one before, when the hub named it, when the one before was over, and each node's
+timeline: how its trainer started and when it reached each phase), the restarts used, the members lost, where each
+member's supervisor listens, and how the job ended; the nodes named slow (trainer.runtime.straggler), what each
+attempt's trainers spent (trainer.runtime.pace) and the job's goodput (trainer.runtime.goodput). Its ``version`` grows
+with every change and its ``term`` with every new hub, so ``newer_than`` orders any two records of a job; a hub that
+takes over carries on from the newest a member kept.
 
 A record is read from the watch and from a node's state.json only through ``JobRecord.read`` (trainer.runtime.schema:
 exactly these fields, each of its type): a malformed one is refused, never adopted. Everything else reads its fields.
@@ -56,6 +57,7 @@ class Kind(StrEnum):
     LOST = "lost"
     EXITED = "exited"
     SLOW = "slow"  # named a straggler and swapped for a spare (trainer.runtime.straggler): not a failure of its own
+    PARKED = "parked"
 
 
 class RecordError(schema.SchemaError):
@@ -84,13 +86,38 @@ class Cause(Failure):
     failed_step: int | None = None
 
 
+class Start(StrEnum):
+    """How a node's trainer came to an attempt (trainer.runtime.node)."""
+
+    PROCESS = "process"  # a new trainer process
+    STANDBY = "standby"  # the node's standby process, which had done its imports before the attempt needed it
+    IN_PLACE = "in place"  # the process that trained the attempt before: its group torn down and formed again
+
+
+@dataclass(frozen=True)
+class NodeTimeline:
+    """One node's trainer in one attempt: how it started, why not in place when it ran the attempt before, and the
+    wall-clock time each phase was reached by every training process of the node (trainer.runtime.channel.PHASES;
+    None: not yet)."""
+
+    start: Start
+    fallback: str  # why the node's trainer of the attempt before did not go on in place ("" when it did, or none ran)
+    started: float  # the supervisor started the process, or handed it the attempt
+    imported: float | None
+    group: float | None
+    checkpoint: float | None
+    first_step: float | None
+
+
 @dataclass(frozen=True)
 class Attempt:
     attempt: int
-    started_at: float  # wall clock
+    started_at: float  # wall clock: the hub's decision to start it
     assignment: dict[str, int]  # node -> node rank
     rendezvous: str
     cause: Cause | None  # what ended the attempt before (None: the launch)
+    stopped_at: float | None  # the attempt before was over on every node (its trainers exited or parked)
+    nodes: dict[str, NodeTimeline]  # node -> its trainer's timeline in this attempt, as its member reported it
 
 
 @dataclass(frozen=True)

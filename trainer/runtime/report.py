@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer.runtime import schema
-from trainer.runtime.record import End, EndState, Goodput, JobRecord, Phase, RecordError
+from trainer.runtime.channel import PHASES
+from trainer.runtime.record import End, EndState, Goodput, JobRecord, NodeTimeline, Phase, RecordError
 from trainer.runtime.schema import SchemaError
 
 SHOWN_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")
@@ -168,6 +169,42 @@ def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
     return lines
 
 
+def _since(later: float | None, earlier: float | None) -> str:
+    """'+1.2' seconds, or '?' when either end is not on record."""
+    return "?" if later is None or earlier is None else f"+{max(0.0, later - earlier):.1f}"
+
+
+def node_phases(node: str, timeline: NodeTimeline, decided: float) -> str:
+    """'node1 standby (why not in place): started +0.1, imported +0.0, group +1.2, checkpoint +0.3, first step +0.5':
+    each phase after the one before, the start after the hub's decision."""
+    how = timeline.start.value + (f" ({timeline.fallback})" if timeline.fallback else "")
+    times = [decided, timeline.started, timeline.imported, timeline.group, timeline.checkpoint, timeline.first_step]
+    steps = [f"{name.replace('_', ' ')} {_since(later, earlier)}"
+             for name, earlier, later in zip(PHASES, times, times[1:], strict=False)]
+    return f"{node} {how}: {', '.join(steps)}"
+
+
+def timeline_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
+    """Every attempt's timeline, in seconds, each phase after the one before: for a restart, the failure, the hub
+    naming it, the attempt over on every node (trainers exited or parked), the restart decided; then each node's
+    trainer (how it started, why not in place) up to its first step, and how long after the failure every node
+    trained again."""
+    if record is not None and not isinstance(record, JobRecord):
+        record = record_of({"record": record})
+    lines = []
+    for entry in record.attempts if record is not None else ():
+        cause = entry.cause
+        head = "the launch" if cause is None else (
+            f"failure, named {_since(cause.detected_at, cause.at)}, over on every node "
+            f"{_since(entry.stopped_at, cause.detected_at)}, decided {_since(entry.started_at, entry.stopped_at)}")
+        parts = [node_phases(node, timeline, entry.started_at) for node, timeline in sorted(entry.nodes.items())]
+        steps = [t.first_step for t in entry.nodes.values()]
+        if cause is not None and steps and None not in steps and len(steps) == len(entry.assignment):
+            parts.append(f"training again {max(s for s in steps if s is not None) - cause.at:.1f} s after the failure")
+        lines.append(f"attempt {entry.attempt} (s): {'; '.join([head, *parts])}")
+    return lines
+
+
 def straggler_words(record: JobRecord) -> str:
     """'stragglers: n1 at 0.21x the others' pace for 62 s, replaced by n2' ('' when none was named)."""
     said = []
@@ -214,12 +251,14 @@ def goodput_lines(goodput: Goodput | None) -> list[str]:
 
 
 def summary_lines(status: Mapping[str, Any]) -> list[str]:
-    """A running job's attempts, stragglers and goodput so far, from its hub's status (training-status.yml)."""
+    """A running job's attempts (each one's timeline), stragglers and goodput so far, from its hub's status
+    (training-status.yml)."""
     record = record_of(status)
     if record is None:
         return []
     named = straggler_words(record)
-    return [*attempt_lines(record), *([named] if named else []), *goodput_lines(goodput_of(status))]
+    return [*attempt_lines(record), *timeline_lines(record), *([named] if named else []),
+            *goodput_lines(goodput_of(status))]
 
 
 def describe(node: Mapping[str, Any]) -> str:
@@ -282,7 +321,7 @@ def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     if first is None and record is not None:
         first = record.first_failure
     lines = [f"The job {end.state if end else 'ended'}: {end.reason if end else 'no node knows why'}."]
-    lines += [f"  {line}" for line in attempt_lines(record)]
+    lines += [f"  {line}" for line in attempt_lines(record) + timeline_lines(record)]
     named = straggler_words(record) if record is not None else ""
     summary = ([named] if named else []) + goodput_lines(goodput_of(best))
     lines += [f"  {line}" for line in summary]

@@ -7,11 +7,14 @@ parts, one asyncio loop and one thread (no locks):
                (authenticated: trainer.runtime.wire) and answers members;
     member     trainer.runtime.member: a supervisor that is not the hub reports to the hub every ``report_every``
                seconds (trainer.runtime.timing) and adopts its record; it reports at once when its trainer starts,
-               exits or fails, and every second while its trainer has run and does not run now (the hub's next word,
-               the job's end or its next attempt, is what it waits for);
+               exits, fails, parks or reaches a phase of its attempt, and every ``waiting_report`` seconds while its
+               trainer has run and does not run now (the hub's next word, the job's end or its next attempt, is what
+               it waits for);
     hub host   trainer.runtime.hubhost: the supervisor that is the job's hub answers with the record;
-    tick       ``Supervisor.tick``, every TICK: polls the trainer, acts on the record, writes the node's state, and
-               restarts the member's task should it have ended.
+    tick       ``Supervisor.tick``, every TICK, and at once when a child process ends, a training process reports
+               (the channel's FIFO: trainer.runtime.channel) or, on the hub, a member's trainer changed: polls the
+               trainer, acts on the record, writes the node's state, and restarts the member's task should it have
+               ended.
 
 The hub at launch is the first member (the rank-0 node). A member that has not heard its hub for the loss time stops
 its trainer (gloo cannot abort a collective that waits on a lost peer) and looks for the next hub
@@ -38,7 +41,7 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, succession, wire
+from trainer.runtime import channel, layout, nodestate, succession, wire
 from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
 from trainer.runtime.listener import Listener
@@ -75,6 +78,7 @@ class Supervisor:
         self.search_started = 0.0
         self.end: End | None = None  # how the job ended, as this node knows it
         self.done = asyncio.Event()
+        self.wake = asyncio.Event()  # tick now: a child exited, a trainer reported, a member's trainer changed
         self.news = asyncio.Event()  # this node's trainer changed (started, exited, failed): tell the hub now
         self.trainer_seen: tuple[Any, ...] = ()
         self.last_state: Any = None
@@ -86,6 +90,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             loop.add_signal_handler(sig, self.on_signal, sig)
+        loop.add_signal_handler(signal.SIGCHLD, self.wake.set)  # its trainer (or standby) ended
+        loop.add_reader(self.node.wake_fd, self.on_trainer_report)
         await self.listener.start()
         if self.hub_addr is None:
             self.become_hub(0, None)
@@ -96,9 +102,10 @@ class Supervisor:
         say(f"supervising {self.me} of job {self.plan.job} ({self.mode}; the watch listens on {self.listener.addr})")
         try:
             while not self.done.is_set():
+                self.wake.clear()
                 self.tick()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.done.wait(), TICK)
+                    await asyncio.wait_for(self.wake.wait(), TICK)
         finally:
             self.listener.close()
             self.node.kill_now()
@@ -121,6 +128,11 @@ class Supervisor:
             self.node.checkpoint_and_stop(Kind.PREEMPTED, f"the node was asked to make way ({name})")
             self.node.stop_asked = False  # a preempted node may train again in the next attempt
 
+    def on_trainer_report(self) -> None:
+        """A training process wrote its report (trainer.runtime.channel): tick now."""
+        channel.drain(self.node.wake_fd)
+        self.wake.set()
+
     def finish(self, end: End, said: bool = False) -> None:
         """The job is over for this node (``said``: the hub has logged why already)."""
         if self.end is None:
@@ -128,13 +140,15 @@ class Supervisor:
             if not said:
                 say(f"the job {end.state}: {end.reason}")
         self.done.set()
+        self.wake.set()
 
     # -- every moment ----------------------------------------------------------------------------------------------
 
     def tick(self) -> None:
         now = time.monotonic()
         self.node.poll()
-        seen = (self.node.trainer.attempt, self.node.trainer.state, self.node.trouble is not None)
+        seen = (self.node.trainer.attempt, self.node.trainer.state, self.node.trouble is not None,
+                self.node.timeline())
         if seen != self.trainer_seen:
             self.trainer_seen = seen
             self.news.set()
@@ -181,7 +195,8 @@ class Supervisor:
         return Report(says=says, node=self.me, term=self.term if term is None else term, addr=self.listener.addr,
                       version=self.record.version, trainer=self.node.trainer, trouble=self.node.trouble,
                       progress=self.node.progress() if rank0 else None, port_offer=self.node.port_offer(),
-                      record=self.record if says == Says.JOIN else None, pace=self.node.pace())
+                      record=self.record if says == Says.JOIN else None, pace=self.node.pace(),
+                      timeline=self.node.timeline())
 
     def adopt(self, reply: RecordReply) -> None:
         """The hub's answer: its record (newer ones only) and the run's progress."""
@@ -219,7 +234,10 @@ class Supervisor:
             hub = self.record.hub
             return NotHub(says=Says.NOT_HUB, hub=hub, term=self.term, searching=self.mode == Mode.SEARCHING,
                           addr=self.record.directory.get(hub))
-        return self.host.answer(node, report, time.monotonic())
+        reply, news = self.host.answer(node, report, time.monotonic())
+        if news:
+            self.wake.set()  # the hub acts on a member's trainer that changed at once, not at its next tick
+        return reply
 
     # -- the hub ---------------------------------------------------------------------------------------------------
 
@@ -246,7 +264,7 @@ class Supervisor:
                     return
                 hub = self.record.hub
                 say(f"nothing heard from the hub ({hub} at {self.hub_addr}) for {self.timings.loss:.0f} s")
-                self.node.stop(f"lost contact with the job's hub ({hub})", signal.SIGTERM)
+                self.node.leave(f"lost contact with the job's hub ({hub})")
                 self.mode, self.lost_hub, self.search_started = Mode.SEARCHING, hub, time.monotonic()
                 continue
             found = await self.member.search(self.lost_hub, self.hub_addr, self.term + 1, self.search_started)

@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TICK = 0.5  # a supervisor's tick: it polls its trainer and acts on the record this often
-WAITING_REPORT_S = 1.0  # a member whose trainer has stopped asks the hub what comes next this often at least
+# A member whose trainer has stopped (exited or parked) asks the hub what comes next this often at least: the next
+# attempt reaches it within this much of the hub's decision.
+WAITING_REPORT_S = 0.25
 
 
 class TimingError(ValueError):

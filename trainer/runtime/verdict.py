@@ -13,11 +13,13 @@ the failed part's last sign of life (the exit its supervisor saw, its last heart
     exited     the trainer exited with another status (a crash, or the loss of its peers)
     slow       the hub named the node a straggler and stops the attempt to swap it for a spare
                (trainer.runtime.straggler): every trainer checkpoints at a common step first
+    parked     the trainer left its attempt and waits in place for the next one (it lost its peers)
 
 When one node fails, its peers fail soon after, in the collective they were waiting in ("connection closed by peer"):
 those are consequences. So the first failure is the earliest one of the most telling tier of kinds: a bad input or a
 user's stop; then what happened to a node from outside (killed, frozen, lost: whichever came first); then a
-preemption; then plain exits; last, a straggler's swap (any real failure while it stops is named instead).
+preemption; then plain exits and trainers that left their attempt to wait in place; last, a straggler's swap (any
+real failure while it stops is named instead).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
 from trainer.runtime.record import Failure, Kind
 
 # Kinds by tier: a failure of an earlier tier explains the later ones; within a tier, the earlier failure does.
-TIERS = ((Kind.REJECTED, Kind.STOPPED), (Kind.KILLED, Kind.FROZEN, Kind.LOST), (Kind.PREEMPTED,), (Kind.EXITED,),
-         (Kind.SLOW,))
+TIERS = ((Kind.REJECTED, Kind.STOPPED), (Kind.KILLED, Kind.FROZEN, Kind.LOST), (Kind.PREEMPTED,),
+         (Kind.EXITED, Kind.PARKED), (Kind.SLOW,))
 
 
 def exit_failure(rc: int | None) -> tuple[Kind, str]:

@@ -1,0 +1,138 @@
+"""A node's trainer as its supervisor sees it (trainer.runtime.node), driven directly with real processes standing in
+for the trainer's: the timeline it reports keeps the phases its processes reached after they end; a trainer that dies
+takes what it left running with it, and its exit is news at once; a trainer told to leave its attempt that does not
+park within the stop grace is killed, and the node says why it did not go on in place. And the channel's files are
+refused when another user could have written them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.test_plan import job, plans
+from trainer.runtime import channel, procs
+from trainer.runtime.channel import ChannelError, Notice, ProcessReport, ProcState
+from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV
+from trainer.runtime.messages import TrainerState
+from trainer.runtime.node import Node
+from trainer.runtime.plan import NodePlan
+from trainer.runtime.record import Start
+
+WAIT = "import time\nwhile True:\n    time.sleep(0.05)"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    planned = plans(job([str(tmp_path / "a"), str(tmp_path / "b")], watch={"heartbeat_timeout": 4.0,
+                                                                            "stop_grace": 1.0}))["n0"]
+    plan = dataclasses.replace(planned, restarts=dataclasses.replace(planned.restarts, in_place=True))
+    Path(plan.paths.job_dir).mkdir(parents=True)
+    said: list[str] = []
+    made = Node(plan, said.append)
+    made.said = said  # type: ignore[attr-defined]
+    yield made
+    procs.end(plan.paths.job_dir, 0.0, first=signal.SIGKILL)
+
+
+def trainer_process(plan: NodePlan, code: str = WAIT) -> subprocess.Popen[bytes]:
+    """A process of the job's trainer (its environment says so), doing ``code``."""
+    return subprocess.Popen([sys.executable, "-c", code], env={**os.environ, JOB_DIR_ENV: plan.paths.job_dir,
+                                                               TRAINER_ENV: "0"})
+
+
+def begun(node: Node, proc: subprocess.Popen[bytes]) -> None:
+    """The node runs ``proc`` as its trainer of attempt 0."""
+    node.proc = proc
+    node._begin(0, 0, Start.PROCESS, proc.pid)
+
+
+def report(node: Node, pid: int, state: ProcState = ProcState.TRAINING, **phases: float) -> None:
+    channel.write(Path(node.channel) / f"{pid}.json", ProcessReport(pid=pid, attempt=0, rank=0, state=state,
+                                                                  phases=phases))
+
+
+def test_the_timeline_keeps_the_phases_every_process_reached_after_a_process_ends(node: Node) -> None:
+    launcher = trainer_process(node.plan)
+    worker = trainer_process(node.plan)  # the process that trains, and writes its report (a spawned worker)
+    begun(node, launcher)
+    now = time.time()
+    report(node, worker.pid, started=now, imported=now + 1, group=now + 2, checkpoint=now + 3, first_step=now + 4)
+    node.poll()
+    reached = node.timeline()
+    assert reached is not None and reached.first_step == now + 4 and reached.start == Start.PROCESS
+    worker.kill()
+    worker.wait()
+    node.poll()  # the worker is gone, with its report; the launcher still runs
+    assert node.timeline() == reached
+
+
+def test_a_trainer_that_dies_takes_its_workers_with_it_and_its_exit_is_news_at_once(node: Node) -> None:
+    code = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {WAIT!r}])\ntime.sleep(30)"
+    trainer = trainer_process(node.plan, code)
+    begun(node, trainer)
+    deadline = time.monotonic() + 30
+    while len(procs.job_processes(node.plan.paths.job_dir, trainers_only=True)) < 2:  # its worker is there
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    trainer.kill()
+    trainer.wait()
+    node.poll()
+    assert node.trainer.state == TrainerState.EXITED and node.trainer.rc == -9
+    assert procs.job_processes(node.plan.paths.job_dir, trainers_only=True) == []  # its worker went with it
+    assert node.fallback == "its trainer was killed by signal 9 (SIGKILL) (attempt 0)"
+
+
+def test_a_trainer_that_does_not_leave_its_attempt_in_time_is_killed_and_the_node_says_why(node: Node) -> None:
+    trainer = trainer_process(node.plan)  # it never reads the notice
+    begun(node, trainer)
+    node.leave("attempt 0 is over")
+    notice = channel.read(Notice, Path(node.channel) / channel.NOTICE_FILE)
+    assert notice == Notice(over=0, join=None)
+    node.poll()
+    assert node.trainer.state == TrainerState.RUNNING  # within the stop grace (1 s)
+    time.sleep(node.plan.watch.stop_grace + 0.2)
+    node.poll()  # killed now
+    trainer.wait()
+    node.poll()
+    assert node.trainer.state == TrainerState.EXITED
+    assert node.fallback == "its trainer did not leave its attempt within 1 s (attempt 0)"
+    assert "the trainer did not leave attempt 0 within 1 s: killing it" in "\n".join(node.said)  # type: ignore
+
+
+def test_a_trainer_that_parks_is_parked_and_the_next_attempt_is_handed_to_it(node: Node) -> None:
+    trainer = trainer_process(node.plan)
+    begun(node, trainer)
+    node.leave("attempt 0 is over")
+    report(node, trainer.pid, ProcState.PARKED, started=time.time())
+    node.poll()
+    assert node.trainer.state == TrainerState.PARKED and node.leave_deadline is None
+
+
+def test_channel_files_that_others_may_write_are_refused(tmp_path: Path) -> None:
+    folder = channel.make_folder(tmp_path / "channel")
+    path = folder / channel.NOTICE_FILE
+    channel.write(path, Notice(over=2, join=None))
+    assert channel.read(Notice, path) == Notice(over=2, join=None) and path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o622)
+    with pytest.raises(ChannelError, match="may be written by other users"):
+        channel.read(Notice, path)
+    path.chmod(0o600)
+    folder.chmod(0o770)
+    with pytest.raises(ChannelError, match="may be written by other users"):
+        channel.read(Notice, path)
+    folder.chmod(0o700)
+    os.chown(path, 65534, -1)  # another user's file (the tests run as root, which may give it away)
+    with pytest.raises(ChannelError, match="belongs to uid 65534"):
+        channel.read(Notice, path)
+    os.chown(path, os.geteuid(), -1)
+    path.write_text('{"over": "two", "join": null}')
+    with pytest.raises(ChannelError, match="over: expected int"):
+        channel.read(Notice, path)

@@ -1,0 +1,146 @@
+"""Restart in place, the trainer's side (trainer/inplace.py), with this test as the nodes' supervisors: two nodes of
+one process each (real gloo, the synthetic H.264 videos), each with its channel folder (trainer.runtime.channel).
+
+A process whose attempt ends under it (its peer killed, or its supervisor's word) parks: its group torn down, its
+interpreter, model and loaders kept; handed the next attempt, it forms the new group and resumes from the checkpoint.
+A killed node's next attempt runs in its standby (imported beforehand). Every run ends with the weights and epoch
+records of one uninterrupted run, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, finish, uninterrupted, wait_for
+from tests.trainer.test_train import REPO, free_port
+from trainer.runtime import channel
+from trainer.runtime.channel import Join, Notice, ProcessReport, ProcState, Who
+from trainer.runtime.contract import CHANNEL_ENV, IN_PLACE_ENV, STANDBY_ENV, TRAINER_ENV
+
+__all__ = ["uninterrupted"]
+URLS = ("127.0.0.1", "127.0.0.1")
+
+
+class Node:
+    """One node: its config (its own run directory), its channel, its trainer and its standby."""
+
+    def __init__(self, data: dict[str, Any], tmp: Path, rank: int) -> None:
+        self.name = f"node{rank}"
+        self.cfg = config(data, tmp, self.name, minutes=EVERY_STEP)
+        self.run = tmp / self.name
+        self.channel = channel.make_folder(tmp / f"{self.name}-channel")
+        self.proc: subprocess.Popen[str] | None = None
+
+    def popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "trainer.train", "--config-file", str(self.cfg),
+                                 "DDP_CONFIG.CPU_WORKERS", "1", "DDP_CONFIG.WORLD_SIZE", "2", *argv], cwd=REPO,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", CHANNEL_ENV: str(self.channel),
+                                     IN_PLACE_ENV: "1", **env},
+                                start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def start(self, rank: int, port: int) -> None:
+        self.proc = self.popen(channel.attempt_overrides(rank, f"tcp://127.0.0.1:{port}", URLS), {TRAINER_ENV: "0"})
+
+    def standby(self) -> subprocess.Popen[str]:
+        return self.popen([], {TRAINER_ENV: "standby", STANDBY_ENV: "1"})
+
+    def report(self, pid: int) -> ProcessReport | None:
+        return channel.read(ProcessReport, self.channel / f"{pid}.json")
+
+    def tell(self, over: int, join: Join | None = None) -> None:
+        channel.write(self.channel / channel.NOTICE_FILE, Notice(over=over, join=join))
+
+    def in_state(self, pid: int, state: ProcState) -> bool:
+        report = self.report(pid)
+        return report is not None and report.state == state
+
+
+def join(rank: int, port: int, who: Who) -> Join:
+    told = {"attempt": 1, "cause": "killed", "node": "node1", "detected_at": time.time(), "detect_s": 0.5,
+            "failed_step": None}
+    return Join(attempt=1, who=who, rank=rank, rendezvous=f"tcp://127.0.0.1:{port}", world_urls=URLS, told=told)
+
+
+def kill(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def test_a_survivor_goes_on_in_place_and_the_killed_node_in_its_standby(
+    synthetic_dataset: dict[str, Any], uninterrupted: Path, tmp_path: Path
+) -> None:
+    nodes = [Node(synthetic_dataset, tmp_path, rank) for rank in (0, 1)]
+    port = free_port()
+    for rank, node in enumerate(nodes):
+        node.start(rank, port)
+    standby = nodes[1].standby()
+    first, second = nodes[0].proc, nodes[1].proc
+    assert first is not None and second is not None
+    procs = [first, second, standby]
+    try:
+        wait_for(lambda: any((nodes[1].run / "checkpoints").glob("epoch_0001_step_*.pth")), procs,
+                 "a mid-epoch checkpoint of epoch 2 on node 1")
+        wait_for(lambda: nodes[1].in_state(standby.pid, ProcState.STANDBY), procs, "node 1's standby")
+        os.killpg(second.pid, signal.SIGKILL)  # node 1's trainer and its loader worker
+        second.communicate()
+        wait_for(lambda: nodes[0].in_state(first.pid, ProcState.PARKED), [first, standby], "node 0's trainer parked")
+        port = free_port()
+        handed = time.time()
+        nodes[0].tell(0, join(0, port, Who.SURVIVORS))
+        nodes[1].tell(0, join(1, port, Who.STANDBY))
+        codes = [finish(first), finish(standby)]
+    finally:
+        kill(procs)
+    assert [code for code, _, _ in codes] == [0, 0], [err[-3000:] for _, _, err in codes]
+    out = codes[0][1]
+    assert "attempt 0 is over (PeerError" in codes[0][2] or "attempt 0 is over (" in out, out[-3000:]
+    assert f"joining attempt 1 in place as node rank 0, rendezvous tcp://127.0.0.1:{port}" in codes[0][2] + out
+    assert_same_run(nodes[0].run, uninterrupted)
+    survivor, spare = nodes[0].report(first.pid), nodes[1].report(standby.pid)
+    assert survivor is not None and spare is not None
+    for report in (survivor, spare):  # both timelines of attempt 1, in order, after the handover
+        assert report.attempt == 1 and report.state == ProcState.TRAINING, report
+        times = [report.phases[phase] for phase in channel.PHASES]
+        assert handed - 1 <= times[0] and times == sorted(times), report
+    assert spare.phases["imported"] == spare.phases["started"]  # its imports were done before it was handed over
+    records = [r for r in map(json.loads, (nodes[0].run / "metrics.jsonl").read_text().splitlines()) if "attempt" in r]
+    assert [r["attempt"] for r in records] == [1] and records[0]["cause"] == "killed", records
+
+
+def test_told_their_attempt_is_over_both_park_and_go_on_in_place_with_their_ranks_swapped(
+    synthetic_dataset: dict[str, Any], uninterrupted: Path, tmp_path: Path
+) -> None:
+    """The supervisors' word alone (a lost hub, the no-split rule) ends the attempt; in the next one rank 0 is the
+    other node: each process builds its loaders for its new shard and the store is hosted by the old rank 1."""
+    nodes = [Node(synthetic_dataset, tmp_path, rank) for rank in (0, 1)]
+    port = free_port()
+    for rank, node in enumerate(nodes):
+        node.start(rank, port)
+    procs = [node.proc for node in nodes if node.proc is not None]
+    try:
+        wait_for(lambda: any((nodes[1].run / "checkpoints").glob("epoch_0001_step_*.pth")), procs,
+                 "a mid-epoch checkpoint of epoch 2 on node 1")
+        for node in nodes:
+            node.tell(0)
+        for node, proc in zip(nodes, procs, strict=True):
+            wait_for(lambda node=node, proc=proc: node.in_state(proc.pid, ProcState.PARKED), procs,
+                     f"{node.name} parked")
+        port = free_port()
+        for rank, node in zip((1, 0), nodes, strict=True):
+            node.tell(0, join(rank, port, Who.SURVIVORS))
+        codes = [finish(proc) for proc in procs]
+    finally:
+        kill(procs)
+    assert [code for code, _, _ in codes] == [0, 0], [err[-3000:] for _, _, err in codes]
+    assert "the supervisor says attempt 0 is over" in codes[0][1] + codes[0][2]
+    assert_same_run(nodes[1].run, uninterrupted)  # node 1 had rank 0 at the end: it wrote the digests
+    assert json.loads((nodes[1].run / "weights_digest.json").read_text())["identical"]

@@ -1,0 +1,136 @@
+"""Restart in place, the trainer's side (the supervisor's: trainer.runtime.node; their channel:
+trainer.runtime.channel).
+
+A training process the runtime started with $VIDCLUSTER_IN_PLACE goes on when its attempt ends under it: a peer went
+away (a collective failed), its group did not form, or its supervisor said the attempt is over (read after every
+optimizer step: ``InPlace.check``). It waits for the checkpoint it was writing, tears down its process group, says it
+is parked, and waits until its supervisor hands it the next attempt; then it forms that attempt's group (its node's
+rank and rendezvous may have changed) and resumes from the checkpoint every rank agrees on, as a new process would,
+with its interpreter, model and data loaders kept (train.train_worker's loop).
+
+A standby (``standby_argv``) is a trainer process its supervisor starts ahead of need: it has imported what a trainer
+imports, and waits here until it is handed an attempt; then it trains it as a process started for it would.
+
+Either waits while its parent (the supervisor, or the launcher that spawned it) lives; a stop signal ends the wait.
+Nothing here imports torch: the runtime's tests drive it with a stand-in trainer (tests/runtime/standin.py).
+Without $VIDCLUSTER_IN_PLACE (torchrun, a run by hand) a process that loses its peers exits (status 1) and its
+launcher starts it again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainer.runtime import channel
+from trainer.runtime.channel import ChannelError, Join, Notice, ProcState, Who
+from trainer.runtime.contract import ATTEMPT_ENV, CHANNEL_ENV, IN_PLACE_ENV, STANDBY_ENV, TRAINER_ENV
+from trainer.timeline import PROCESS
+
+log = logging.getLogger("trainer")
+
+POLL_S = 0.05  # a waiting process reads the notice this often
+
+
+class LeftAttempt(Exception):
+    """The supervisor said this process's attempt is over."""
+
+
+class ParentGone(Exception):
+    """The process that started this one is gone: nobody will hand it an attempt."""
+
+
+class Notices:
+    """The supervisor's notice (channel.NOTICE_FILE), read again only when the file changed (one stat a look)."""
+
+    def __init__(self, folder: str, say: Callable[[str], None]) -> None:
+        self.path = Path(folder) / channel.NOTICE_FILE
+        self.say = say
+        self.seen: tuple[int, int] | None = None
+        self.notice: Notice | None = None
+        self.refused: set[str] = set()
+
+    def current(self) -> Notice | None:
+        try:
+            info = self.path.stat()
+        except OSError:
+            return self.notice
+        if (info.st_mtime_ns, info.st_size) != self.seen:
+            self.seen = (info.st_mtime_ns, info.st_size)
+            try:
+                self.notice = channel.read(Notice, self.path)
+            except ChannelError as exc:  # never acted on; said once
+                if str(exc) not in self.refused:
+                    self.refused.add(str(exc))
+                    self.say(f"refused the supervisor's notice: {exc}")
+        return self.notice
+
+    def wait(self, taken: Callable[[Join], bool], stopped: Callable[[], bool]) -> Join:
+        """The first join ``taken`` accepts; ParentGone when this process's parent ends, or a stop is asked for."""
+        parent = os.getppid()
+        while True:
+            notice = self.current()
+            if notice is not None and notice.join is not None and taken(notice.join):
+                return notice.join
+            if os.getppid() != parent or stopped():
+                raise ParentGone("stopped while waiting for the next attempt")
+            time.sleep(POLL_S)
+
+
+def take(join: Join) -> None:
+    """This process now belongs to ``join``'s attempt: what a process started for it would find in its environment
+    (spawned workers inherit it), and its timeline starts again."""
+    os.environ[TRAINER_ENV] = str(join.attempt)
+    if join.told is not None:
+        os.environ[ATTEMPT_ENV] = json.dumps(join.told)
+    else:
+        os.environ.pop(ATTEMPT_ENV, None)
+    PROCESS.begin(join.attempt)
+
+
+def standby_argv(argv: list[str]) -> list[str]:
+    """A standby (``$VIDCLUSTER_STANDBY``: the first attempt it may take) waits here until its supervisor hands it an
+    attempt, then trains with that attempt's place in the job; any other process goes on at once."""
+    first = os.environ.pop(STANDBY_ENV, None)
+    folder = os.environ.get(CHANNEL_ENV)
+    if first is None or not folder:
+        return argv
+    PROCESS.set(ProcState.STANDBY)
+    notices = Notices(folder, lambda line: print(f"standby: {line}", file=sys.stderr, flush=True))
+    try:
+        join = notices.wait(lambda j: j.who == Who.STANDBY and j.attempt >= int(first), lambda: False)
+    except ParentGone:
+        raise SystemExit(0) from None
+    take(join)
+    return [*argv, *join.overrides()]
+
+
+class InPlace:
+    """A survivor's side of restart in place (see the module docstring)."""
+
+    def __init__(self, folder: str) -> None:
+        self.notices = Notices(folder, lambda line: log.warning("%s", line))
+
+    @classmethod
+    def from_env(cls) -> InPlace | None:
+        folder = os.environ.get(CHANNEL_ENV)
+        return cls(folder) if os.environ.get(IN_PLACE_ENV) == "1" and folder else None
+
+    def check(self, attempt: int | None) -> None:
+        """LeftAttempt when the supervisor has said that ``attempt`` is over (after every optimizer step)."""
+        notice = self.notices.current()
+        if attempt is not None and notice is not None and notice.over >= attempt:
+            raise LeftAttempt(f"the supervisor says attempt {attempt} is over")
+
+    def next_attempt(self, attempt: int | None, stopped: Callable[[], bool]) -> Join:
+        """Parked (the caller tore its group down): wait for the supervisor to hand this process a later attempt."""
+        PROCESS.set(ProcState.PARKED)
+        floor = -1 if attempt is None else attempt
+        join = self.notices.wait(lambda j: j.who == Who.SURVIVORS and j.attempt > floor, stopped)
+        take(join)
+        return join
