@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from tests.cluster.conftest import REPO, LocalCluster, closed_ports, flat, load_file
 
 ROLE = REPO / "roles" / "cluster_collective"
@@ -114,6 +116,7 @@ def test_setup_ends_with_an_all_reduce_reporting_each_nodes_bandwidth(
                          r"[\d.]+ ms: bus bandwidth [\d.]+ GB/s", flat(report)), report
 
 
+@pytest.mark.slow  # two checks on the whole cluster, one waiting out its timeout: the slow lane
 def test_a_node_whose_ports_a_firewall_closes_is_named(private_cluster: tuple[LocalCluster, str]) -> None:
     cluster, _ = private_cluster
     node2 = cluster.nodes[2]

@@ -5,7 +5,8 @@
     cluster, other ports stay open, a second run changes nothing, and the rules go away whole;
   - on the 3-node private-home cluster (private_cluster, whose login user may use sudo on the nodes): setup-cluster.yml
     -e firewall=true makes a node's rendezvous port refuse the controller's bridge address and admit the other nodes,
-    a second run changes nothing, a job still trains across the guarded nodes, and -e firewall=false removes it all.
+    a second run changes nothing, a job still trains across the guarded nodes, and -e firewall=false removes it all
+    (the slow lane: bash scripts/test.sh --slow).
 Run: .venv/bin/python -m pytest -n 0 tests/cluster/test_firewall.py  (root).
 """
 
@@ -167,6 +168,7 @@ def firewall(cluster: LocalCluster, on: bool) -> subprocess.CompletedProcess[str
     return cluster.playbook("setup-cluster.yml", "--tags", "firewall", "-e", f"firewall={str(on).lower()}")
 
 
+@pytest.mark.slow  # a whole job on the guarded cluster: the slow lane
 def test_the_rendezvous_port_refuses_the_controller_and_the_job_still_trains(cluster: LocalCluster) -> None:
     node0, node1, _ = cluster.nodes
     bridge = node0.ip.rsplit(".", 1)[0] + ".1"  # the controller's address on the cluster's bridge
