@@ -650,7 +650,9 @@ def launch(worker_fn: WorkerFn, cfg: Config, local_rank: int | None = None) -> N
                 f"--local-rank {local_rank} disagrees with LOCAL_RANK={env_local} in the environment"
             )
         _choose_interface(plan)
-        _run_worker(plan.context(env_local, rank, world), plan, worker_fn, cfg)
+        ctx = plan.context(env_local, rank, world)
+        with _torchrun_env(ctx):  # torchrun exported them already; a task of srun gets them here
+            _run_worker(ctx, plan, worker_fn, cfg)
         return
     plan = _node_plan(cfg)
     _choose_interface(plan)

@@ -129,4 +129,5 @@ def test_a_node_whose_ports_a_firewall_closes_is_named(private_cluster: tuple[Lo
             "node0, node1 (timed out): a firewall on node2") in flat(proc.stdout), proc.stdout[-3000:]
     assert took < 120, f"{took:.0f} s"
     # The rule gone, the same check passes.
-    assert "bus bandwidth" in cluster.playbook("playbooks/collective-check.yml").stdout
+    again = cluster.playbook("playbooks/collective-check.yml", check=False)
+    assert again.returncode == 0 and "bus bandwidth" in again.stdout, again.stdout[-3000:]

@@ -48,6 +48,15 @@ def trainer_process(plan: NodePlan, code: str = WAIT) -> subprocess.Popen[bytes]
                                                                TRAINER_ENV: "0"})
 
 
+def seen(node: Node, *processes: subprocess.Popen[bytes]) -> None:
+    """Wait until the node can tell ``processes`` for its trainer's (a process just forked shows its parent's
+    environment until it has exec'd)."""
+    deadline = time.monotonic() + 30
+    while not {p.pid for p in processes} <= set(procs.job_processes(node.plan.paths.job_dir, trainers_only=True)):
+        assert time.monotonic() < deadline, "the trainer's processes never showed as the job's"
+        time.sleep(0.05)
+
+
 def begun(node: Node, proc: subprocess.Popen[bytes]) -> None:
     """The node runs ``proc`` as its trainer of attempt 0."""
     node.proc = proc
@@ -62,6 +71,7 @@ def report(node: Node, pid: int, state: ProcState = ProcState.TRAINING, **phases
 def test_the_timeline_keeps_the_phases_every_process_reached_after_a_process_ends(node: Node) -> None:
     launcher = trainer_process(node.plan)
     worker = trainer_process(node.plan)  # the process that trains, and writes its report (a spawned worker)
+    seen(node, launcher, worker)
     begun(node, launcher)
     now = time.time()
     report(node, worker.pid, started=now, imported=now + 1, group=now + 2, checkpoint=now + 3, first_step=now + 4)

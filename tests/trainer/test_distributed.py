@@ -191,7 +191,7 @@ def test_a_group_that_cannot_form_ends_the_process_within_the_timeout(tmp_path: 
         from trainer.distributed import _Plan, _formed_within
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
         plan = _Plan(node_rank=0, num_nodes=1, per_node=2, backend="gloo", dist_url="tcp://127.0.0.1:9",
-                     init_method="env://", timeout_s=2, use_cuda=False, from_env=True)
+                     init_method="env://", timeout_s=2, use_cuda=False, source="torchrun")
         with _formed_within(plan.context(1), plan):
             time.sleep(60)
         """
