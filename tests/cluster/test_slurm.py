@@ -118,7 +118,8 @@ def ship_entry(cluster: LocalCluster) -> Path:
     config = {"DDP_CONFIG": {"AUTO_RANK_MATCH": False, "WORLD_SIZE": 1, "WORLD_RANK": 0,
                              "DIST_URL": "tcp://127.0.0.1:1", "WOLRD_URLS": ["127.0.0.1"], "DIST_BACKEND": "gloo",
                              "DISTRIBUTED": True, "CPU_WORKERS": 3, "TIMEOUT_SECONDS": 60},
-              "CONFIG": {"LOG": {"BASE_PATH": "/home/vctrain/srun-entry/out", "EXP_NAME": ""}}}
+              "CONFIG": {"LOG": {"BASE_PATH": "/home/vctrain/srun-entry/out", "EXP_NAME": ""},
+                         "DATA": {"DECODE_TIME_LIMIT": 30}}}  # below TIMEOUT_SECONDS, as the config requires
     (folder / "config.yaml").write_text(json.dumps(config))
     shutil.chown(folder, "vctrain", "vctrain")
     for path in folder.rglob("*"):

@@ -105,7 +105,11 @@ class ActionModule(ActionBase):
             deadline=time.monotonic() + hours * 3600, overtime=overtime,
             silent_for=time.time() - silent_since if silent_since else 0.0,
         ).run()  # fmt: skip
-        return {**result, "changed": False, "hub": node, **ending}
+        # The outcome is a fact of the task itself (run_once: every host gets it): a task after this one could not
+        # set it where follow.yml includes itself again, since the include's condition (another hub to follow) is
+        # inherited by every task of the included file and no longer holds once the job ended.
+        facts = {"ddp_launch_outcome": ending["outcome"]} if "outcome" in ending else {}
+        return {**result, "changed": False, "hub": node, **ending, "ansible_facts": facts}
 
     def _wait(self, argv: list[str], task_vars: dict[str, Any]) -> dict[str, Any] | None:
         """The node's state once its progress changed, or None when the node did not answer."""
