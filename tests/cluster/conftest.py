@@ -312,6 +312,60 @@ def closed_ports(node: Node, ssh_port: int) -> Iterator[None]:
                        check=True)
 
 
+_CGROUP_V2 = Path("/sys/fs/cgroup")
+_CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+_CPU_PERIOD_US = 100_000
+
+
+def _cpu_cgroup_root() -> Path:
+    """Where this machine's CPU controller lives: cgroup v2's unified tree when it offers ``cpu``, else v1's ``cpu``
+    hierarchy (this machine's kind mounts v1)."""
+    controllers = _CGROUP_V2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        return _CGROUP_V2
+    if (_CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
+        return _CGROUP_V1_CPU
+    pytest.fail("no CPU cgroup controller on this machine (neither cgroup v2's cpu nor v1's cpu hierarchy)")
+
+
+def _move_to_cgroup(group: Path, pids: Iterable[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError, OSError):  # it ended meanwhile
+            (group / "cgroup.procs").write_text(f"{pid}\n")
+
+
+def _netns_pids(node: Node) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+@contextlib.contextmanager
+def cpu_quota(node: Node, fraction: float) -> Iterator[None]:
+    """Every process of the test host (its sshd, and so every process a play or the job starts there later, and the
+    ones already running: trainer, loader workers) gets ``fraction`` of one CPU while the block runs: a slow node,
+    as a throttled GPU or a noisy neighbour makes one. Undone on the way out, on failure too."""
+    root = _cpu_cgroup_root()
+    group = root / f"vidcluster-test-{node.netns}-{os.getpid()}"
+    group.mkdir()
+    try:
+        quota = max(1000, int(fraction * _CPU_PERIOD_US))
+        if root == _CGROUP_V2:
+            (group / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}\n")
+        else:
+            (group / "cpu.cfs_period_us").write_text(f"{_CPU_PERIOD_US}\n")
+            (group / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        _move_to_cgroup(group, _netns_pids(node))
+        yield
+    finally:
+        # A process forked while the first pass ran may have joined the group; move until none is left in it.
+        for _ in range(5):
+            members = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+            if not members:
+                break
+            _move_to_cgroup(root, members)
+        group.rmdir()
+
+
 def node_job_dir(node: Node, job_id: str) -> Path:
     """The node's own folder of a job, as the controller sees it."""
     return node.home / "vidcluster" / "jobs" / job_id / node.name

@@ -13,6 +13,7 @@ from tests.cluster.conftest import (
     REPO,
     LocalCluster,
     changed_total,
+    cpu_quota,
     link_names,
     netns_names,
     run_playbook,
@@ -79,6 +80,23 @@ def test_env_source_the_user_cannot_reach_is_still_usable(cluster: LocalCluster,
     run_playbook(CLUSTER_PLAYBOOK, *args, "-e", "local_cluster_env_source=")
     assert cluster.ssh(node, f"ls -A {ENV_MOUNT}").stdout == ""
     assert "vidcluster_env_path" not in cluster.inventory.read_text()
+
+
+def _spins_per_second(cluster: LocalCluster, node) -> float:
+    """How far a one-second busy loop started on the node over SSH gets (so it runs in the host's sshd's groups)."""
+    probe = "python3 -c 'import time\nt=time.time();n=0\nwhile time.time()-t<1.5: n+=1\nprint(n)'"
+    return int(cluster.ssh(node, probe).stdout.split()[-1]) / 1.5
+
+
+def test_cpu_quota_slows_only_that_host(cluster: LocalCluster) -> None:
+    # The slow-node tests' tool: a host held to a tenth of a CPU runs a busy loop several times slower than its
+    # neighbour measured at the same moment, and is itself again once the block ends.
+    node0, node1 = cluster.nodes
+    with cpu_quota(node1, 0.1):
+        slowed, neighbour = _spins_per_second(cluster, node1), _spins_per_second(cluster, node0)
+    after = _spins_per_second(cluster, node1)
+    assert slowed < neighbour / 3, (slowed, neighbour)
+    assert after > slowed * 3, (after, slowed)
 
 
 def test_restarts_a_stopped_sshd(cluster: LocalCluster) -> None:
