@@ -56,7 +56,7 @@ from trainer.config import Config, DDPConfig, check_runtime
 from trainer.errors import STOP_SIGNALS, USER_ERROR_EXIT, Preempted, UserError, first_line, lost_peer
 from trainer.heartbeat import start_heartbeat
 from trainer.runtime.channel import ProcState
-from trainer.runtime.contract import run_name, thread_budget
+from trainer.runtime.contract import PARENT_ENV, run_name, thread_budget
 from trainer.runtime.layout import url_host
 from trainer.timeline import PROCESS
 
@@ -586,6 +586,7 @@ def _passing_on_stop_signals(pids: list[int]) -> Iterator[None]:
 def _spawn(plan: _Plan, worker_fn: WorkerFn, cfg: Config) -> None:
     # Stopping the peers of a failed worker is how its failure is handled, not news for a warning line.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    os.environ[PARENT_ENV] = str(os.getpid())  # the workers' parent is this process, not its supervisor
     with tempfile.TemporaryDirectory(prefix="vidcluster-failures-") as failures:
         try:
             workers = mp.start_processes(_spawned, args=(plan, worker_fn, cfg, failures), nprocs=plan.per_node,

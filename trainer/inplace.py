@@ -29,7 +29,7 @@ from pathlib import Path
 
 from trainer.runtime import channel
 from trainer.runtime.channel import ChannelError, Join, Notice, ProcState, Who
-from trainer.runtime.contract import ATTEMPT_ENV, CHANNEL_ENV, IN_PLACE_ENV, STANDBY_ENV, TRAINER_ENV
+from trainer.runtime.contract import ATTEMPT_ENV, CHANNEL_ENV, IN_PLACE_ENV, PARENT_ENV, STANDBY_ENV, TRAINER_ENV
 from trainer.timeline import PROCESS
 
 log = logging.getLogger("trainer")
@@ -72,7 +72,7 @@ class Notices:
 
     def wait(self, taken: Callable[[Join], bool], stopped: Callable[[], bool]) -> Join:
         """The first join ``taken`` accepts; ParentGone when this process's parent ends, or a stop is asked for."""
-        parent = os.getppid()
+        parent = expected_parent()
         while True:
             notice = self.current()
             if notice is not None and notice.join is not None and taken(notice.join):
@@ -80,6 +80,13 @@ class Notices:
             if os.getppid() != parent or stopped():
                 raise ParentGone("stopped while waiting for the next attempt")
             time.sleep(POLL_S)
+
+
+def expected_parent() -> int:
+    """The process that hands this one its attempts: named by $VIDCLUSTER_PARENT when whoever started this process
+    set it (so a parent that died while this one imported is noticed), else this process's parent now."""
+    named = os.environ.get(PARENT_ENV, "")
+    return int(named) if named.isdigit() else os.getppid()
 
 
 def take(join: Join) -> None:

@@ -22,7 +22,7 @@ from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, finis
 from tests.trainer.test_train import REPO, free_port
 from trainer.runtime import channel
 from trainer.runtime.channel import Join, Notice, ProcessReport, ProcState, Who
-from trainer.runtime.contract import CHANNEL_ENV, IN_PLACE_ENV, STANDBY_ENV, TRAINER_ENV
+from trainer.runtime.contract import CHANNEL_ENV, IN_PLACE_ENV, PARENT_ENV, STANDBY_ENV, TRAINER_ENV
 
 __all__ = ["uninterrupted"]
 URLS = ("127.0.0.1", "127.0.0.1")
@@ -144,3 +144,29 @@ def test_told_their_attempt_is_over_both_park_and_go_on_in_place_with_their_rank
     assert "the supervisor says attempt 0 is over" in codes[0][1] + codes[0][2]
     assert_same_run(nodes[1].run, uninterrupted)  # node 1 had rank 0 at the end: it wrote the digests
     assert json.loads((nodes[1].run / "weights_digest.json").read_text())["identical"]
+
+
+def _gone(pid: int) -> bool:
+    """The process ended (a zombie nobody reaped counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_standby_whose_supervisor_died_while_it_imported_ends(tmp_path: Path) -> None:
+    # The supervisor (here a shell) starts the standby and dies at once, long before the standby's imports are done;
+    # the standby, reparented by then, must still see that nobody will hand it an attempt, and end.
+    folder = channel.make_folder(tmp_path / "channel")
+    script = (f'{PARENT_ENV}=$$ {STANDBY_ENV}=1 {CHANNEL_ENV}="$1" {IN_PLACE_ENV}=1 "$2" -m trainer.train '
+              '>/dev/null 2>&1 & echo $!')
+    pid = int(subprocess.run(["sh", "-c", script, "supervisor", str(folder), sys.executable], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout)
+    try:
+        deadline = time.monotonic() + 120
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(pid), "the standby still waits for an attempt 120 s after its supervisor died"
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -40,6 +40,10 @@ IN_PLACE_ENV = "VIDCLUSTER_IN_PLACE"
 # A standby (an attempt number): a trainer process that imports what it needs, then waits until its supervisor hands
 # it an attempt (that one or a later one) before it reads its config (trainer.inplace).
 STANDBY_ENV = "VIDCLUSTER_STANDBY"
+# The pid of the process that hands this one its attempts (its supervisor; for a worker a trainer spawned, that
+# trainer): a process waiting for an attempt gives up once its parent is another. Passed down rather than read with
+# getppid() when the wait begins, which is after the imports: a parent that died during them would go unnoticed.
+PARENT_ENV = "VIDCLUSTER_PARENT"
 
 # -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
 WEIGHTS_CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"

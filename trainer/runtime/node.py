@@ -44,6 +44,7 @@ from trainer.runtime.contract import (
     HEARTBEAT_INTERVAL_ENV,
     IN_PLACE_ENV,
     JOB_DIR_ENV,
+    PARENT_ENV,
     STANDBY_ENV,
     TRAINER_ENV,
     thread_budget,
@@ -148,7 +149,7 @@ class Node:
         beats = Path(self.job_dir) / layout.HEARTBEAT_DIR
         env = {**os.environ, **self.plan.env, JOB_DIR_ENV: self.job_dir, TRAINER_ENV: attempt,
                HEARTBEAT_DIR_ENV: str(beats), HEARTBEAT_INTERVAL_ENV: str(self.timings.report_every),
-               CHANNEL_ENV: self.channel}
+               CHANNEL_ENV: self.channel, PARENT_ENV: str(os.getpid())}
         if self.in_place:
             env[IN_PLACE_ENV] = "1"
         if int(env.get("OMP_NUM_THREADS", "0") or 0) <= 0:
