@@ -15,11 +15,16 @@ Every trainer writes its phases (trainer/timeline.py; under torchrun the benchma
 the restarted attempt, each phase is the moment every process had reached it: the failure named (the runtime's hub),
 the failed attempt over on every node (its processes gone, or parked in place), the next attempt's processes
 started, their imports done, their process group formed, the checkpoint chosen and loaded, the first optimizer step.
-The kill's cost is the job's wall time (from its first process's start to rank 0's "finished") with the kill minus
-without; "training again" is the kill to the first step of the next attempt, and the steps lost are those between
-the last step reached and the one resumed from. Goals (issue 29): at the shipped defaults a kill costs at most what it
-costs under torchrun, and with restart in place training is going again within 5 s of the kill (the cost is then 5 s
-plus the steps lost, at most).
+"Training again" is the kill to the first step of the next attempt, and the steps lost are those between the last
+step reached and the one resumed from. The kill's cost is measured two ways:
+  - within the run: the time the job stood still and went back, "training again" less the one step it includes, plus
+    the steps lost, at the run's step time. The kill falls somewhere inside a step, and the part of that step done
+    is lost too: half a step on average, so the figure is training again - step/2 + steps lost x step, give or take
+    half a step. It compares runs made at different loads (a loaded 2-core machine: step times vary 2x between runs);
+  - across runs: the job's wall time (its first process's start to rank 0's "finished") with the kill minus without,
+    which on this machine varies by more than the cost itself (uninterrupted runs alone ranged 117 to 161 s).
+Goals (issue 29), on the within-run cost: at the shipped defaults a kill costs at most what it costs under torchrun,
+and with restart in place at most 5 s plus the steps lost.
 """
 
 from __future__ import annotations
@@ -294,10 +299,17 @@ class Row:
     lost_steps: int | None
     lost_s: float | None
     how: str
+    step_s: float  # the killed run's step time
 
     @property
     def cost_s(self) -> float:
+        """The kill's cost across runs: wall time with it minus without."""
         return self.killed_s - self.clean_s
+
+    @property
+    def stall_s(self) -> float:
+        """The kill's cost within the run (see the module docstring), give or take half a step."""
+        return self.again_s - self.step_s / 2 + (self.lost_s or 0.0)
 
 
 def median(values: list[float]) -> float:
@@ -321,37 +333,39 @@ def rows(runs: list[Run]) -> list[Row]:
             before = at
         again = median([r.phases["first_step"] - (r.kill_at or 0.0) for r in killed])
         lost = killed[0].lost_steps
+        step_s = median([r.step_s for r in killed])
         found.append(Row(launcher, min(r.wall_s for r in clean), min(r.wall_s for r in killed), phases, again, lost,
-                         None if lost is None else round(lost * killed[0].step_s, 1), killed[0].how))
+                         None if lost is None else round(lost * step_s, 1), killed[0].how, step_s))
     return found
 
 
 def goals(found: list[Row]) -> dict[str, bool]:
-    """(issue 29) the kill costs at most torchrun's at the shipped defaults; with restart in place, training again
-    within IN_PLACE_GOAL_S of the kill."""
+    """(issue 29, on the kill's cost within the run) at the shipped defaults at most torchrun's; with restart in
+    place at most IN_PLACE_GOAL_S plus the steps lost."""
     base = next(r for r in found if r.launcher == "torchrun")
     defaults = [r for r in found if "shipped defaults" in r.launcher]
-    in_place = [r for r in found if r.launcher.endswith("restart in place")]
-    return {**{f"{r.launcher}: the kill costs at most torchrun's": r.cost_s <= base.cost_s for r in defaults},
-            **{f"{r.launcher}: training again within {IN_PLACE_GOAL_S:.0f} s": r.again_s <= IN_PLACE_GOAL_S
-               for r in in_place}}
+    in_place = [r for r in found if r.launcher.endswith(", restart in place")]
+    return {**{f"{r.launcher}: the kill costs at most torchrun's": r.stall_s <= base.stall_s for r in defaults},
+            **{f"{r.launcher}: the kill costs at most {IN_PLACE_GOAL_S:.0f} s plus the steps lost":
+               r.stall_s - (r.lost_s or 0.0) <= IN_PLACE_GOAL_S for r in in_place}}
 
 
 def table(found: list[Row]) -> str:
     base = next(r for r in found if r.launcher == "torchrun")
     heads = ("named", "over on every node", "started", "imported", "group formed", "checkpoint loaded", "first step")
-    lines = ["| launcher | wall, no failure, s | wall, one SIGKILL, s | the kill's cost, s (vs torchrun) | "
-             + " | ".join(f"{h}, s" for h in heads) + " | training again after the kill, s (vs torchrun) | "
-             "steps lost (s) | how the trainers came back |",
-             "|---" * (7 + len(heads)) + "|"]
+    lines = ["| launcher | the kill's cost within the run, s (vs torchrun) | wall, no failure, s | "
+             "wall, one SIGKILL, s | the kill's cost across runs, s | " + " | ".join(f"{h}, s" for h in heads)
+             + " | training again after the kill, s (vs torchrun) | step, s | steps lost (s) | how the trainers came "
+             "back |",
+             "|---" * (10 + len(heads)) + "|"]
     for row in found:
         cells = ["" if row.phases[s] is None else f"{row.phases[s]:.1f}" for s in STEPS]
         if row is base:
             cells[1] = f"{row.phases['over']:.1f} (named and over)"
         lines.append(
-            f"| {row.launcher} | {row.clean_s:.1f} | {row.killed_s:.1f} | {row.cost_s:.1f} "
-            f"({row.cost_s / base.cost_s:.2f}x) | {' | '.join(cells)} | {row.again_s:.1f} "
-            f"({row.again_s / base.again_s:.2f}x) | {row.lost_steps} ({row.lost_s}) | {row.how} |")
+            f"| {row.launcher} | {row.stall_s:.1f} ± {row.step_s / 2:.1f} ({row.stall_s / base.stall_s:.2f}x) | "
+            f"{row.clean_s:.1f} | {row.killed_s:.1f} | {row.cost_s:.1f} | {' | '.join(cells)} | {row.again_s:.1f} "
+            f"({row.again_s / base.again_s:.2f}x) | {row.step_s:.1f} | {row.lost_steps} ({row.lost_s}) | {row.how} |")
     return "\n".join(lines)
 
 

@@ -4,9 +4,35 @@ runs only when asked for by name, or in a full run."""
 from __future__ import annotations
 
 from bench.__main__ import SECTIONS, sections
+from bench.restarts import STEPS, Run, goals, rows
 
 
 def test_quick_leaves_the_restart_comparison_out_unless_it_is_named() -> None:
     assert "restarts" not in sections(True, None) and "checkpoint" in sections(True, None)
     assert sections(False, None) == list(SECTIONS)
     assert sections(True, ["restarts"]) == ["restarts"]
+
+
+def _run(launcher: str, killed: bool, wall: float, step: float = 0.0, again: float = 0.0, lost: int = 0) -> Run:
+    """A run as bench/restarts.py records it: the kill at t=1000, the next attempt's first step ``again`` later."""
+    phases = {name: 1000.0 + again for name in STEPS} if killed else {}
+    return Run(launcher, killed, wall, kill_at=1000.0 if killed else None, phases=phases, how="",
+               lost_steps=lost if killed else None, step_s=step)
+
+
+def test_a_kill_is_costed_within_its_run_so_a_slower_round_does_not_hide_it() -> None:
+    # torchrun: training again 20 s after the kill at 4 s a step, one step lost: the job stood still 20 - 4/2 s and
+    # went back 4 s. The runtime in place: 6 s, at 4 s a step, nothing lost: 4 s. Its clean run was the slower one
+    # (other jobs on the machine), so the wall times say the kill cost it nothing; the within-run cost still counts it.
+    runs = [_run("torchrun", False, 100.0), _run("torchrun", True, 120.0, step=4.0, again=20.0, lost=1),
+            _run("runtime, shipped defaults, restart in place", False, 140.0),
+            _run("runtime, shipped defaults, restart in place", True, 130.0, step=4.0, again=6.0)]
+    torchrun, in_place = rows(runs)
+    assert (torchrun.stall_s, in_place.stall_s) == (22.0, 4.0)
+    assert in_place.cost_s == -10.0  # across runs: noise
+    assert goals([torchrun, in_place]) == {
+        "runtime, shipped defaults, restart in place: the kill costs at most torchrun's": True,
+        "runtime, shipped defaults, restart in place: the kill costs at most 5 s plus the steps lost": True}
+    slow = rows([*runs[:3], _run("runtime, shipped defaults, restart in place", True, 130.0, step=4.0, again=8.0,
+                                 lost=1)])
+    assert slow[1].stall_s == 10.0 and not all(goals(slow).values())
