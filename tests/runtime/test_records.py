@@ -90,10 +90,21 @@ def test_a_members_message_is_checked_at_the_door() -> None:
                       (report(node=["n1"]), "node: expected str")]:
         with pytest.raises(schema.SchemaError, match=said):
             read_report(bad)
-    reply = read_reply({"says": "record", "record": a_record().to_json(), "progress": None})
+    reply = read_reply({"says": "record", "record": a_record().to_json(), "changes": None, "progress": None})
     assert reply.record == a_record()
     with pytest.raises(schema.SchemaError, match="the answer: record: phase"):
-        read_reply({"says": "record", "record": broken(["phase"], 3), "progress": None})
+        read_reply({"says": "record", "record": broken(["phase"], 3), "changes": None, "progress": None})
+    assert read_reply({"says": "unchanged", "record": None, "changes": None, "progress": {"step": 5}}).record is None
+    changes = {"term": 0, "base": 2, "version": 3, "directory": {"n1": "10.9.0.11:4000"}, "timelines": {}}
+    assert read_reply({"says": "changes", "record": None, "changes": changes, "progress": None}).changes.base == 2
+    for bad in ({"says": "unchanged", "record": a_record().to_json(), "changes": None, "progress": None},
+                {"says": "record", "record": None, "changes": None, "progress": None},
+                {"says": "changes", "record": None, "changes": None, "progress": None}):
+        with pytest.raises(schema.SchemaError, match="a record answer carries the record, a changes answer the"):
+            read_reply(bad)
+    with pytest.raises(schema.SchemaError, match="the answer: changes: directory: n1: expected str"):
+        read_reply({"says": "changes", "record": None, "changes": {**changes, "directory": {"n1": 4000}},
+                    "progress": None})
 
 
 def test_a_nodes_state_reads_back() -> None:
