@@ -11,10 +11,13 @@ from typing import Any
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import schema
+from trainer.runtime import schema, wire
 from trainer.runtime.hub import new_record
-from trainer.runtime.messages import IDLE, Mode, NodeState, Report, Says, read_reply, read_report
+from trainer.runtime.listener import Listener
+from trainer.runtime.messages import IDLE, Mode, NodeState, NotHub, RecordReply, Report, Says, read_reply, read_report
 from trainer.runtime.record import SCHEMA, Cause, End, EndState, JobRecord, Kind, Phase, RecordError
+
+IDLE_REPLY = NotHub(says=Says.NOT_HUB, hub="n0", term=0, searching=False, addr=None)
 
 
 def a_record(**fields: Any) -> JobRecord:
@@ -113,3 +116,26 @@ def test_a_nodes_state_reads_back() -> None:
                       progress=None, end=end, updated=1.0)
     back = NodeState.read(json.loads(json.dumps(schema.dump(state))), "state.json")
     assert back == state and back.mode is Mode.HUB and back.end == end
+
+
+def test_the_listener_encodes_each_record_once_and_every_answer_as_its_canonical_json() -> None:
+    """The hub sends one record to every member: its text is made once (the next answer reuses it), and every
+    answer, record or not, is the canonical JSON its MAC covers, which a member reads back to the same answer."""
+    p = plans(job(["/home/a", "/home/b", "/home/c"], spares=1))["n0"]
+    listener = Listener(p, wire.Keyring(b"0123456789abcdef0123456789abcdef"), lambda node, report: IDLE_REPLY,
+                        lambda line: None)
+    record = a_record()
+    answers = [RecordReply(says=Says.RECORD, record=record, changes=None, progress={"step": 5, "record": None}),
+               RecordReply(says=Says.RECORD, record=record, changes=None, progress=None),
+               RecordReply(says=Says.UNCHANGED, record=None, changes=None, progress={"loss": 1.5}),
+               IDLE_REPLY]
+    for answer in answers:
+        text = listener.encode(answer)
+        assert text == wire.canonical(schema.dump(answer))
+        line = listener.keyring.seal("s>c", "n" * 32, 0, text)
+        assert read_reply(listener.keyring.open("s>c", "n" * 32, 0, line)) == answer
+    kept = listener.record_text
+    listener.encode(answers[1])
+    assert listener.record_text is kept and kept[0] is record  # the same record: its text was not made again
+    listener.encode(RecordReply(says=Says.RECORD, record=record.changed(), changes=None, progress=None))
+    assert listener.record_text[0] is not record  # a new version: encoded anew
