@@ -156,7 +156,6 @@ def restart_rows(quick: bool) -> list[Row]:
 def watch_rows(quick: bool) -> list[Row]:
     after = watch_scale.run()
     before = {r["members"]: r for r in watch_scale.run(watch_scale.BEFORE_SIZES, before=True)}
-    limit = watch_scale.HEARTBEAT_S + watch_scale.DETECT_MARGIN_S
     shown = watch_scale.shown
     rows: list[Row] = []
     for r in after:
@@ -164,8 +163,10 @@ def watch_rows(quick: bool) -> list[Row]:
         sent, cpu = r["to_members_B"] or 0.0, r["hub_cpu"] or 0.0
         baseline = (old or {}).get("to_members_B")
         detected = [t for t in (r["detect_s"], r["silent_s"]) if t is not None]
+        limit = (r["heartbeat_s"] or 0.0) + watch_scale.DETECT_MARGIN_S
         rows += [
-            (f"watch, {n} members: hub to members per report period, kB (baseline: the record on every report)",
+            (f"watch, {n} members (heartbeat timeout {shown(r['heartbeat_s'], digits=0)} s): hub to members per "
+             "report period, kB (baseline: the record on every report)",
              shown(sent, 1e3), shown(baseline, 1e3) if old else "", sent / baseline if baseline else None, "info",
              None),
             ("  the hub's CPU, s per s", shown(cpu, digits=2), "", None, "< 1 core" if n == max(watch_scale.SIZES)
