@@ -311,13 +311,18 @@ class Fleet:
         first = self.hub_record().first_failure
         return first is not None and first.node == node
 
-    async def silence(self) -> float:
-        """A member stops reporting (its connection open): seconds from its last report to the hub naming it lost."""
+    async def silence(self) -> float | None:
+        """A member stops reporting (its connection open): seconds from its last report to the hub naming it lost
+        (None: the hub named another member first: this process's stand-ins fell behind by the loss time)."""
         quiet = self.standins[len(self.standins) // 3]
         await self.until(lambda: all(s.trainer.running for s in self.standins), self.patience(), "every trainer to run")
         quiet.silent = True
-        await self.until(lambda: self.hub_named(quiet.node), self.timings.loss + 60,
-                         f"the hub to name {quiet.node} lost")
+        try:
+            await self.until(lambda: self.hub_named(quiet.node), self.timings.loss + 60,
+                             f"the hub to name {quiet.node} lost")
+        except RuntimeError as exc:
+            progress(str(exc).splitlines()[0])
+            return None
         record = self.hub_record()
         assert record.detected_at is not None
         return record.detected_at - quiet.last_report
