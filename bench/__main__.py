@@ -1,6 +1,6 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
-    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch checkpoint restarts]
+    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch checkpoint restarts watch]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
@@ -8,9 +8,10 @@ bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline 
 vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
 (launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
-bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; 15 to 30 minutes).
---quick: fewer clips, steps and epochs, and no restarts section unless --only names it; without it, more of each
-(steadier ratios).
+bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; 15 to 30 minutes),
+bench/watch_scale.py (the watch with a real hub and 64, 256 and 1,024 stand-in members; about 10 minutes).
+--quick: fewer clips, steps and epochs, and no restarts or watch section unless --only names it; without it, more of
+each (steadier ratios).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import checkpoint, ddp, decoders, gpu_step, launch_overhead, loader, local, multigrid, restarts
+from bench import checkpoint, ddp, decoders, gpu_step, launch_overhead, loader, local, multigrid, restarts, watch_scale
 
 Row = tuple[str, str, str, float | None, str, bool | None]  # what, value, baseline, ratio, goal, met
 
@@ -154,11 +155,40 @@ def restart_rows(quick: bool) -> list[Row]:
     return rows
 
 
+def watch_rows(quick: bool) -> list[Row]:
+    after = watch_scale.run()
+    before = {r["members"]: r for r in watch_scale.run(watch_scale.BEFORE_SIZES, before=True)}
+    shown = watch_scale.shown
+    rows: list[Row] = []
+    for r in after:
+        n, old = r["members"], before.get(r["members"])
+        sent, cpu = r["to_members_B"] or 0.0, r["hub_cpu"] or 0.0
+        baseline = (old or {}).get("to_members_B")
+        detected = [t for t in (r["detect_s"], r["silent_s"]) if t is not None]
+        limit = (r["heartbeat_s"] or 0.0) + watch_scale.DETECT_MARGIN_S
+        rows += [
+            (f"watch, {n} members (heartbeat timeout {shown(r['heartbeat_s'], digits=0)} s): hub to members per "
+             "report period, kB (baseline: the record on every report)",
+             shown(sent, 1e3), shown(baseline, 1e3) if old else "", sent / baseline if baseline else None, "info",
+             None),
+            ("  the hub's CPU, s per s", shown(cpu, digits=2), "", None, "< 1 core" if n == max(watch_scale.SIZES)
+             else "info", cpu < 1 if n == max(watch_scale.SIZES) else None),
+            ("  a killed trainer / a silent member named by the hub, s",
+             f"{shown(r['detect_s'])} / {shown(r['silent_s'])}", "", None, f"<= {limit:g} s",
+             all(t <= limit for t in detected)),
+            ("  the next attempt held by every member, median / max s",
+             f"{shown(r['propagate_median_s'])} / {shown(r['propagate_max_s'])}", "", None, "info", None),
+        ]
+    return rows
+
+
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
-    "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows,
+    "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows, "watch": watch_rows,
 }
-LONG = ("restarts",)  # whole jobs under several launchers (15 to 30 minutes): --quick leaves them out unless named
+# whole jobs under several launchers (15 to 30 minutes), the watch at fleet size (about 10 minutes): --quick leaves
+# them out unless named
+LONG = ("restarts", "watch")
 
 
 def sections(quick: bool, only: list[str] | None) -> list[str]:

@@ -8,9 +8,10 @@ from typing import Any
 
 from tests.runtime.test_plan import job, plans
 from trainer.runtime.hub import Hub, new_record
-from trainer.runtime.messages import IDLE, Report, Says, Trainer, TrainerState, Trouble
+from trainer.runtime.hubhost import HubHost
+from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, Trouble
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import JobRecord, NodeTimeline, Start
+from trainer.runtime.record import JobRecord, NodeTimeline, Start, with_changes
 
 HT = 60.0  # the plans' heartbeat timeout
 
@@ -244,3 +245,29 @@ def test_a_parked_trainer_is_its_peers_consequence_and_the_hub_names_the_cause_w
     version = j.record.version
     j.hub.heard("n0", report("n0", running, timeline=timeline), j.now)
     assert j.record.version == version  # the same timeline again changes nothing
+
+
+def test_a_member_gets_unchanged_when_it_holds_the_record_the_changes_when_only_members_entries_changed() -> None:
+    j = Job(plan(nodes=3))
+    host = HubHost(j.hub)
+    j.tick(1, "n0", "n1", "n2")
+    joined, _ = host.answer("n1", report("n1", j.trainers["n1"], says=Says.JOIN, record=j.record), j.now)
+    assert joined.says == Says.RECORD and joined.record == j.record  # a join always gets the record
+    held = j.record
+
+    def answer(node: str, version: int, term: int = 0, **fields: Any) -> RecordReply:
+        return host.answer(node, report(node, j.trainers[node], version=version, term=term, **fields), j.now)[0]
+
+    same = answer("n1", held.version)
+    assert same.says == Says.UNCHANGED and same.record is None and same.changes is None
+    assert answer("n1", held.version, term=1).says == Says.RECORD  # the same version of another hub's record
+    answer("n2", held.version, addr="n2:2")  # n2's supervisor listens elsewhere now: only the directory changes
+    behind = answer("n1", held.version)
+    assert behind.says == Says.CHANGES and behind.record is None and behind.changes is not None
+    assert behind.changes.directory == {"n2": "n2:2"} and behind.changes.timelines == {}
+    assert with_changes(held, behind.changes) == j.record
+    j.exit("n2", -9)  # a failure: every member behind gets the whole record
+    j.tick(5, "n0", "n1", "n2")
+    assert j.record.attempt == 1
+    after = answer("n1", held.version)
+    assert after.says == Says.RECORD and after.record == j.record

@@ -11,10 +11,13 @@ from typing import Any
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import schema
+from trainer.runtime import schema, wire
 from trainer.runtime.hub import new_record
-from trainer.runtime.messages import IDLE, Mode, NodeState, Report, Says, read_reply, read_report
+from trainer.runtime.listener import Listener
+from trainer.runtime.messages import IDLE, Mode, NodeState, NotHub, RecordReply, Report, Says, read_reply, read_report
 from trainer.runtime.record import SCHEMA, Cause, End, EndState, JobRecord, Kind, Phase, RecordError
+
+IDLE_REPLY = NotHub(says=Says.NOT_HUB, hub="n0", term=0, searching=False, addr=None)
 
 
 def a_record(**fields: Any) -> JobRecord:
@@ -90,10 +93,21 @@ def test_a_members_message_is_checked_at_the_door() -> None:
                       (report(node=["n1"]), "node: expected str")]:
         with pytest.raises(schema.SchemaError, match=said):
             read_report(bad)
-    reply = read_reply({"says": "record", "record": a_record().to_json(), "progress": None})
+    reply = read_reply({"says": "record", "record": a_record().to_json(), "changes": None, "progress": None})
     assert reply.record == a_record()
     with pytest.raises(schema.SchemaError, match="the answer: record: phase"):
-        read_reply({"says": "record", "record": broken(["phase"], 3), "progress": None})
+        read_reply({"says": "record", "record": broken(["phase"], 3), "changes": None, "progress": None})
+    assert read_reply({"says": "unchanged", "record": None, "changes": None, "progress": {"step": 5}}).record is None
+    changes = {"term": 0, "base": 2, "version": 3, "directory": {"n1": "10.9.0.11:4000"}, "timelines": {}}
+    assert read_reply({"says": "changes", "record": None, "changes": changes, "progress": None}).changes.base == 2
+    for bad in ({"says": "unchanged", "record": a_record().to_json(), "changes": None, "progress": None},
+                {"says": "record", "record": None, "changes": None, "progress": None},
+                {"says": "changes", "record": None, "changes": None, "progress": None}):
+        with pytest.raises(schema.SchemaError, match="a record answer carries the record, a changes answer the"):
+            read_reply(bad)
+    with pytest.raises(schema.SchemaError, match="the answer: changes: directory: n1: expected str"):
+        read_reply({"says": "changes", "record": None, "changes": {**changes, "directory": {"n1": 4000}},
+                    "progress": None})
 
 
 def test_a_nodes_state_reads_back() -> None:
@@ -102,3 +116,26 @@ def test_a_nodes_state_reads_back() -> None:
                       progress=None, end=end, updated=1.0)
     back = NodeState.read(json.loads(json.dumps(schema.dump(state))), "state.json")
     assert back == state and back.mode is Mode.HUB and back.end == end
+
+
+def test_the_listener_encodes_each_record_once_and_every_answer_as_its_canonical_json() -> None:
+    """The hub sends one record to every member: its text is made once (the next answer reuses it), and every
+    answer, record or not, is the canonical JSON its MAC covers, which a member reads back to the same answer."""
+    p = plans(job(["/home/a", "/home/b", "/home/c"], spares=1))["n0"]
+    listener = Listener(p, wire.Keyring(b"0123456789abcdef0123456789abcdef"), lambda node, report: IDLE_REPLY,
+                        lambda line: None)
+    record = a_record()
+    answers = [RecordReply(says=Says.RECORD, record=record, changes=None, progress={"step": 5, "record": None}),
+               RecordReply(says=Says.RECORD, record=record, changes=None, progress=None),
+               RecordReply(says=Says.UNCHANGED, record=None, changes=None, progress={"loss": 1.5}),
+               IDLE_REPLY]
+    for answer in answers:
+        text = listener.encode(answer)
+        assert text == wire.canonical(schema.dump(answer))
+        line = listener.keyring.seal("s>c", "n" * 32, 0, text)
+        assert read_reply(listener.keyring.open("s>c", "n" * 32, 0, line)) == answer
+    kept = listener.record_text
+    listener.encode(answers[1])
+    assert listener.record_text is kept and kept[0] is record  # the same record: its text was not made again
+    listener.encode(RecordReply(says=Says.RECORD, record=record.changed(), changes=None, progress=None))
+    assert listener.record_text[0] is not record  # a new version: encoded anew

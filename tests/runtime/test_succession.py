@@ -15,7 +15,7 @@ from trainer.runtime.succession import (
 )
 
 ORDER = ("n0", "n1", "n2")  # trainers by node rank, then spares
-RECORD = RecordReply(says=Says.RECORD, record=a_record(), progress=None)
+RECORD = RecordReply(says=Says.RECORD, record=a_record(), changes=None, progress=None)
 
 
 def not_hub(hub: str, searching: bool = False, addr: str | None = "10.0.0.2:4000") -> NotHub:

@@ -16,13 +16,14 @@ What an outside host can do to it, and what it costs:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 from collections import Counter
 from collections.abc import Callable
 
 from trainer.runtime import layout, schema, wire
 from trainer.runtime.log import Once, Say
-from trainer.runtime.messages import NotHub, Reply, Report, read_report
+from trainer.runtime.messages import NotHub, RecordReply, Reply, Report, read_report
 from trainer.runtime.plan import NodePlan
 
 PER_ADDRESS = 8  # connections at once from one member's address: its link to the hub, a search's asks, stale ones
@@ -78,6 +79,7 @@ class Listener:
         self.errors = Once(say)
         self.server: asyncio.Server | None = None
         self.addr = ""
+        self.record_text: tuple[object, bytes] = (None, b"")  # the last record sent, in canonical JSON
 
     async def start(self) -> str:
         """Listen on an ephemeral port of this node's cluster address; ``host:port``."""
@@ -114,6 +116,18 @@ class Listener:
         finally:
             writer.close()
 
+    def encode(self, reply: Reply) -> bytes:
+        """The reply as canonical JSON; a record is encoded once and its text kept for the next member it goes to
+        (the hub sends one record to every member: encoding it for each cost the hub members² work)."""
+        if not isinstance(reply, RecordReply) or reply.record is None:
+            return wire.canonical(schema.dump(reply))
+        if self.record_text[0] is not reply.record:
+            self.record_text = (reply.record, wire.canonical(reply.record.to_json()))
+        parts = {f.name: wire.canonical(schema.dump(getattr(reply, f.name))) for f in dataclasses.fields(reply)
+                 if f.name != "record"}
+        parts["record"] = self.record_text[1]
+        return b"{" + b",".join(wire.canonical(key) + b":" + parts[key] for key in sorted(parts)) + b"}"
+
     async def _talk(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link, body = await wire.accept(reader, writer, self.keyring, self.limit)
         report = read_report(body)
@@ -123,7 +137,7 @@ class Listener:
         self.joins[node] += 1
         while True:
             reply = self.answer(node, report)
-            await link.send(schema.dump(reply))
+            await link.send(self.encode(reply))
             if isinstance(reply, NotHub):
                 return
             report = read_report(await link.recv(self.timings.next_report))

@@ -103,7 +103,7 @@ class Member:
                 if not isinstance(reply, RecordReply):
                     return  # not the hub (any more)
                 self.local.adopt(reply)
-                if reply.record.end is None or told_end:
+                if reply.record is None or reply.record.end is None or told_end:  # the end came as a record
                     await self.local.until_next_report()
                 else:  # the hub stays until every member has the end: say so at once, before this node is done
                     told_end = True

@@ -4,8 +4,11 @@ and refused when it does not fit.
 
 A member says (``Report``) ``join`` on a new connection, with the record it holds, then ``report`` every
 ``report_every`` seconds (trainer.runtime.timing), and at once when its trainer starts, exits or fails. The hub
-answers each with its record (``RecordReply``); a supervisor that is not the hub answers where the hub is
-(``NotHub``) and closes the connection.
+answers each with its record (``RecordReply``), or, when the report says the member holds the hub's record already,
+with ``unchanged`` and no record, or, when only members' addresses and timelines changed since the version the member
+holds, with those ``changes`` (trainer.runtime.record.Changes): the record names every member, so sending it on every
+report would cost the hub members² bytes per report period (trainer.runtime.hubhost). A supervisor that is not the
+hub answers where the hub is (``NotHub``) and closes the connection.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from trainer.runtime import schema
 from trainer.runtime.pace import Pace
-from trainer.runtime.record import End, JobRecord, Kind, NodeTimeline
+from trainer.runtime.record import Changes, End, JobRecord, Kind, NodeTimeline
 from trainer.runtime.schema import JsonObject
 
 
@@ -39,6 +42,8 @@ class Says(StrEnum):
     JOIN = "join"
     REPORT = "report"
     RECORD = "record"
+    UNCHANGED = "unchanged"  # the hub's answer to a member that holds its record already
+    CHANGES = "changes"  # the hub's answer to a member whose record lacks only members' addresses and timelines
     NOT_HUB = "not_hub"
 
 
@@ -98,15 +103,21 @@ class Report:
 
 @dataclass(frozen=True)
 class RecordReply:
-    """The hub to a member: its record and the run's progress."""
+    """The hub to a member: its record, or the changes to the member's, or neither (``unchanged``: the member holds
+    it already), and the run's progress."""
 
     says: Says
-    record: JobRecord
+    record: JobRecord | None
+    changes: Changes | None
     progress: JsonObject | None
 
     def __post_init__(self) -> None:
-        if self.says != Says.RECORD:
-            raise ValueError(f"expected record, got {self.says}")
+        carries = {Says.RECORD: (True, False), Says.CHANGES: (False, True), Says.UNCHANGED: (False, False)}
+        if self.says not in carries:
+            raise ValueError(f"expected record, changes or unchanged, got {self.says}")
+        if carries[self.says] != (self.record is not None, self.changes is not None):
+            raise ValueError("a record answer carries the record, a changes answer the changes, an unchanged one "
+                             "neither")
 
 
 @dataclass(frozen=True)
@@ -132,7 +143,7 @@ def read_report(body: Any) -> Report:
 
 
 def read_reply(body: Any) -> Reply:
-    if isinstance(body, dict) and body.get("says") == Says.RECORD:
+    if isinstance(body, dict) and body.get("says") in (Says.RECORD, Says.CHANGES, Says.UNCHANGED):
         return schema.parse(RecordReply, body, "the answer")
     return schema.parse(NotHub, body, "the answer")
 

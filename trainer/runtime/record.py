@@ -229,3 +229,42 @@ class JobRecord:
     @property
     def ended(self) -> bool:
         return self.end is not None
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A record as the changes to an earlier version of it, when the only changes are members' addresses and their
+    timelines in the newest attempt: the changes each member makes by itself (its join, its trainer's phases), which
+    come in one by one from every member at the launch and at every attempt's start."""
+
+    term: int
+    base: int  # the version they apply to
+    version: int  # the version they make
+    directory: dict[str, str]  # entries new or changed since ``base``
+    timelines: dict[str, NodeTimeline]  # the newest attempt's entries new or changed since ``base``
+
+
+def members_changes(old: JobRecord, new: JobRecord) -> tuple[frozenset[str], frozenset[str]] | None:
+    """(the nodes whose directory entry, whose timeline in the newest attempt changed) from ``old`` to ``new``, when
+    nothing else changed (None when something else did, or an entry went)."""
+    if old.term != new.term or len(old.attempts) != len(new.attempts) or not old.attempts:
+        return None
+    was, now = old.attempts[-1], new.attempts[-1]
+    if not (old.directory.keys() <= new.directory.keys() and was.nodes.keys() <= now.nodes.keys()):
+        return None
+    rest = dataclasses.replace(old, version=new.version, directory=new.directory,
+                               attempts=(*old.attempts[:-1], dataclasses.replace(was, nodes=now.nodes)))
+    if rest != new:
+        return None
+    return (frozenset(k for k, v in new.directory.items() if old.directory.get(k) != v),
+            frozenset(k for k, v in now.nodes.items() if was.nodes.get(k) != v))
+
+
+def with_changes(record: JobRecord, changes: Changes | None) -> JobRecord | None:
+    """``record`` with ``changes`` applied, when they apply to it (its term and version); else None."""
+    if changes is None or (record.term, record.version) != (changes.term, changes.base) or not record.attempts:
+        return None
+    last = record.attempts[-1]
+    return dataclasses.replace(record, version=changes.version, directory={**record.directory, **changes.directory},
+                               attempts=(*record.attempts[:-1], dataclasses.replace(
+                                   last, nodes={**last.nodes, **changes.timelines})))

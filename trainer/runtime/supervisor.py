@@ -50,7 +50,7 @@ from trainer.runtime.member import Member, Outcome
 from trainer.runtime.messages import Mode, NodeState, NotHub, RecordReply, Reply, Report, Says
 from trainer.runtime.node import Node
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import End, EndState, Kind
+from trainer.runtime.record import End, EndState, Kind, with_changes
 from trainer.runtime.schema import JsonObject, dump
 from trainer.runtime.timing import TICK
 
@@ -199,10 +199,11 @@ class Supervisor:
                       timeline=self.node.timeline())
 
     def adopt(self, reply: RecordReply) -> None:
-        """The hub's answer: its record (newer ones only) and the run's progress."""
-        if reply.record.job == self.record.job and reply.record.newer_than(self.record):
-            self.record = reply.record
-            self.term = max(self.term, reply.record.term)
+        """The hub's answer: its record (newer ones only), or the changes to this one, and the run's progress."""
+        record = reply.record or with_changes(self.record, reply.changes)
+        if record is not None and record.job == self.record.job and record.newer_than(self.record):
+            self.record = record
+            self.term = max(self.term, record.term)
         self.progress = reply.progress
         self.heard_hub = time.monotonic()
         self.node.reconcile(self.record)

@@ -80,12 +80,15 @@ class Keyring:
             raise ValueError("the job's secret is too short")
         self._secret = secret
 
-    def _mac(self, direction: str, peer_nonce: str, seq: int, body: Any) -> str:
+    def _mac(self, direction: str, peer_nonce: str, seq: int, text: bytes) -> str:
+        """The MAC of a body in canonical JSON."""
         head = f"{direction}|{peer_nonce}|{seq}|".encode()
-        return hmac.new(self._secret, head + canonical(body), hashlib.sha256).hexdigest()
+        return hmac.new(self._secret, head + text, hashlib.sha256).hexdigest()
 
-    def seal(self, direction: str, peer_nonce: str, seq: int, body: Any) -> bytes:
-        return json.dumps({"body": body, "mac": self._mac(direction, peer_nonce, seq, body)}).encode() + b"\n"
+    def seal(self, direction: str, peer_nonce: str, seq: int, body: dict[str, Any] | bytes) -> bytes:
+        """A message's line; ``body`` a JSON object, or one in canonical JSON already (``canonical``)."""
+        text = body if isinstance(body, bytes) else canonical(body)
+        return b'{"body":' + text + b',"mac":"' + self._mac(direction, peer_nonce, seq, text).encode() + b'"}\n'
 
     def open(self, direction: str, my_nonce: str, seq: int, line: bytes) -> dict[str, Any]:
         message = decode(line)
@@ -94,7 +97,7 @@ class Keyring:
         if not isinstance(message["mac"], str) or _MAC.fullmatch(message["mac"]) is None:
             raise WireError("not a sealed message (its MAC is not 64 hex digits)")
         try:
-            expected = self._mac(direction, my_nonce, seq, message["body"])
+            expected = self._mac(direction, my_nonce, seq, canonical(message["body"]))
         except (ValueError, RecursionError):  # a body json cannot write back canonically
             raise WireError("not a sealed message") from None
         if not hmac.compare_digest(message["mac"], expected):
@@ -125,7 +128,7 @@ class Link:
         self.my_nonce, self.peer_nonce = my_nonce, peer_nonce
         self.sent = self.received = 0
 
-    async def send(self, body: dict[str, Any]) -> None:
+    async def send(self, body: dict[str, Any] | bytes) -> None:
         self.writer.write(self.keyring.seal(self.send_dir, self.peer_nonce, self.sent, body))
         self.sent += 1
         await self.writer.drain()
