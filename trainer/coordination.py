@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.distributed import DistContext, all_reduce_sum, host_group
-from trainer.errors import STOP_SIGNALS
+from trainer.errors import STOP_SIGNALS, restore_stop_handlers
 
 
 class StopRequest:
@@ -51,8 +51,8 @@ def stop_signals() -> Iterator[StopRequest]:
     try:
         yield request
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_stop_handlers(previous, request.requested)
+
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.config import Config, DDPConfig, check_runtime
-from trainer.errors import STOP_SIGNALS, USER_ERROR_EXIT, Preempted, UserError, first_line, lost_peer
+from trainer.errors import (
+    STOP_SIGNALS,
+    USER_ERROR_EXIT,
+    Preempted,
+    UserError,
+    first_line,
+    lost_peer,
+    restore_stop_handlers,
+)
 from trainer.heartbeat import start_heartbeat
 from trainer.runtime.channel import ProcState
 from trainer.runtime.contract import PARENT_ENV, run_name, thread_budget
@@ -570,7 +578,10 @@ def _passing_on_stop_signals(pids: list[int]) -> Iterator[None]:
         yield  # only the main thread may set handlers; nobody signals an embedded launcher
         return
 
+    passed: list[int] = []
+
     def pass_on(signum: int, _frame: object) -> None:
+        passed.append(signum)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
@@ -579,8 +590,7 @@ def _passing_on_stop_signals(pids: list[int]) -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_stop_handlers(previous, bool(passed))
 
 
 def _spawn(plan: _Plan, worker_fn: WorkerFn, cfg: Config) -> None:

@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from trainer.runtime.contract import EXIT_PREEMPTED as PREEMPTED_EXIT
 from trainer.runtime.contract import EXIT_REJECTED as USER_ERROR_EXIT
@@ -29,6 +29,24 @@ T = TypeVar("T")
 # How a stop is asked for: what schedulers and spot notices send (Slurm's --signal, a node supervisor passing on what
 # it got); the trainer checkpoints at the next optimizer step on every rank and ends with PREEMPTED_EXIT.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def restore_stop_handlers(previous: dict[signal.Signals, Any], stopping: bool) -> None:
+    """The stop signals' handlers as they were; but a process on its way out after a stop ignores them from now on
+    (``ignore_stop_signals``)."""
+    if stopping:
+        ignore_stop_signals()
+        return
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def ignore_stop_signals() -> None:
+    """A process that is ending after a stop ignores further stop signals: a second one (a supervisor and the process
+    that spawned it both pass one on, a user signals twice) would otherwise meet the default action while the process
+    ends, and turn its clean stop (exit status 75) into a death by that signal."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class UserError(Exception):

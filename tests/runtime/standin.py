@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from trainer.errors import ignore_stop_signals
 from trainer.heartbeat import measure, start_heartbeat
 from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
 from trainer.pace import StepClock
@@ -167,6 +168,7 @@ class StandIn:
                 raise LostPeers(f"rank {peer.name.split('.')[1]} is gone")
 
     def preempted(self, signum: int, frame: FrameType | None) -> None:
+        ignore_stop_signals()  # as the real trainer does once it stops
         if self.peers is not None:
             (self.peers / f"{self.attempt}.{self.rank}").write_text(STOPPED)
         self.checkpoint()
