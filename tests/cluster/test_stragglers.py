@@ -8,8 +8,8 @@ of the job on the machine's cores as usual.
   training-status.yml's, and trains on.
 
 The pace is rank 0's optimizer steps over its own wall clock, as its status.json says them (``step`` and ``updated``,
-written every 2 s): over a window of whole seconds before the slowdown, and over one after the swap that begins a few
-steps into the new attempt. Both windows cross several epoch ends (a loader's start, a checkpoint) alike, and node0
+written every 2 s): over 16 s before the slowdown, and from a few seconds into the new attempt after the swap to its
+last step. Both windows cross several epoch ends (a loader's start, a checkpoint) alike, and node0
 holds rank 0 in both, so the two figures differ only in who trains rank 1.
 Slow (a few minutes): the slow lane, `bash scripts/test.sh --slow`.
 """
@@ -44,7 +44,7 @@ from trainer.runtime.record import JobRecord, Kind
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 40
+EPOCHS = 30
 SLOW_SHARE = 0.15  # of one CPU, for the slowed host; each trainer otherwise has most of a core of this machine's two
 WINDOW = 12  # seconds a node stays slow before it is named; its pace is measured over a quarter of it (3.3 s at least)
 LAUNCH_ARGS = (
@@ -125,6 +125,7 @@ class Steps:
         inside = [s for s in self.samples if since <= s[0] <= until]
         assert len(inside) >= 3, (since, until, self.samples)
         (t0, s0), (t1, s1) = inside[0], inside[-1]
+        assert t1 - t0 >= MEASURE_S / 2, (since, until, self.samples)  # several epochs: their ends weigh alike
         return (s1 - s0) / (t1 - t0)
 
 
@@ -154,9 +155,8 @@ def test_a_slowed_node_is_named_and_swapped_for_the_spare_and_the_pace_comes_bac
         swapped = time.time()
         wait_until("the spare training", lambda: steps.samples[-1][0] > swapped + 4, play)
         after_from = steps.samples[-1][0]
-        time.sleep(MEASURE_S)
-        after = steps.rate(after_from, time.time())
-    out = finish(play)
+        out = finish(play)
+    after = steps.rate(after_from, time.time())  # to the job's last step
     rec = record(node0, job)
     print(f"pace before {before:.2f} steps/s, after the swap {after:.2f} ({after / before:.2f}x); "
           f"stragglers {rec.stragglers if rec else None}")
