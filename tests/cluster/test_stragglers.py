@@ -120,6 +120,11 @@ class Steps:
     def step(self) -> int:
         return self.samples[-1][1] if self.samples else 0
 
+    @property
+    def last_step_at(self) -> float:
+        """When rank 0 had taken its last step (the first sample that shows it)."""
+        return next(at for at, step in self.samples if step == self.step)
+
     def rate(self, since: float, until: float) -> float:
         """Steps per second between the first and the last sample written within [since, until]."""
         inside = [s for s in self.samples if since <= s[0] <= until]
@@ -156,7 +161,7 @@ def test_a_slowed_node_is_named_and_swapped_for_the_spare_and_the_pace_comes_bac
         wait_until("the spare training", lambda: steps.samples[-1][0] > swapped + 4, play)
         after_from = steps.samples[-1][0]
         out = finish(play)
-    after = steps.rate(after_from, time.time())  # to the job's last step
+    after = steps.rate(after_from, steps.last_step_at)  # to the job's last step (not its final validation)
     rec = record(node0, job)
     print(f"pace before {before:.2f} steps/s, after the swap {after:.2f} ({after / before:.2f}x); "
           f"stragglers {rec.stragglers if rec else None}")
