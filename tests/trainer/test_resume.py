@@ -29,7 +29,7 @@ from trainer.config import validate_config
 from trainer.data import VideoClipDataset, build_dataset, build_loader
 from trainer.data.loader import set_loader_epoch, skip_batches
 from trainer.errors import UserError
-from trainer.reporting import attempt_from_env, read_metrics, read_records
+from trainer.reporting import attempt_from_env, attempt_record, read_metrics, read_records
 from trainer.resume import NodeCheckpoints, choose_checkpoint
 from trainer.runtime.contract import ATTEMPT_ENV, HEARTBEAT_INTERVAL_ENV
 from trainer.runtime.pace import read_beat
@@ -358,3 +358,13 @@ def test_the_supervisors_attempt_is_checked(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(UserError, match=rf"{ATTEMPT_ENV}: not JSON"):
         attempt_from_env()
 
+
+
+def test_an_attempt_that_resumed_past_the_failed_step_lost_none() -> None:
+    # The hub's failed step is the last one rank 0 had reported when it named the failure; a stop where every rank
+    # checkpoints at its next step (a straggler's swap, a preemption) resumes past it (the real cluster's swap
+    # recorded -4 steps lost before).
+    told = {"attempt": 1, "cause": "slow", "node": "node1", "detected_at": 10.0, "detect_s": 0.0, "failed_step": 96}
+    assert attempt_record(told, 100, 12.0)["steps_lost"] == 0
+    assert attempt_record(told, 90, 12.0)["steps_lost"] == 6  # a crash: what was trained since the checkpoint
+    assert attempt_record({**told, "failed_step": None}, 90, 12.0)["steps_lost"] is None
