@@ -18,6 +18,7 @@ from trainer.data import build_dataset, build_loader, check_dataset, write_annot
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
 from trainer.data.loader import set_loader_epoch
 from trainer.data.sampling import temporal_view_positions, train_indices, val_indices, view_indices
+from trainer.data.synthetic import make_synthetic_dataset
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Crop, eval_crop, normalize, train_crop
 from trainer.distributed import DistContext
 
@@ -98,6 +99,17 @@ def test_synthetic_videos_decode_with_right_shape_length_and_motion(
         assert frames.shape == (2, SIZE, SIZE, 3)
         dy, dx = motion(frames)
         assert dy == 0 and (dx < 0 if record.label == 0 else dx > 0), record.path
+
+
+def test_a_synthetic_dataset_of_hundreds_of_videos_is_made_each_its_own_video(tmp_path: Path) -> None:
+    # One ffmpeg encodes them all and cuts at each video's first frame; the cut expression once grew with the count
+    # and failed near 130 videos.
+    made = make_synthetic_dataset(tmp_path / "many", videos_per_class=(150, 1), size=16, frames=6)
+    records = read_annotations(made["TRAIN_ANNO_PATH"], made["TRAIN_DATA_PATH"], 2)
+    assert len(records) == 300
+    for record in (records[0], records[149], records[-1]):
+        reader = decord.VideoReader(record.path, num_threads=1)
+        assert len(reader) == 6 and list(reader.get_key_indices()) == [0], record.path
 
 
 # ----------------------------------------------------------------------------------------------------

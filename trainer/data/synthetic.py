@@ -48,10 +48,11 @@ def encode_mp4s(videos: Sequence[np.ndarray], paths: Sequence[Path], fps: int) -
     Starting ffmpeg costs far more than encoding a few tiny frames, so all videos go through one raw-RGB
     pipe and the segment muxer cuts them apart at forced key frames.
     """
-    lengths = [len(v) for v in videos]
-    _, height, width, _ = videos[0].shape
-    cuts = ",".join(str(c) for c in np.cumsum(lengths)[:-1]) or str(lengths[0])
-    starts = "+".join(f"eq(n,{c})" for c in np.cumsum([0, *lengths[:-1]]))
+    frames, height, width, _ = videos[0].shape
+    cuts = ",".join(str(frames * i) for i in range(1, len(videos))) or str(frames)
+    # A key frame at every video's first frame: one term, whatever the count (a sum of eq(n, start) terms, one per
+    # video, grew past what ffmpeg's expression parser takes at about 130 videos).
+    starts = f"not(mod(n,{frames}))"
     with tempfile.TemporaryDirectory(dir=os.path.commonpath([Path(p).parent for p in paths])) as tmp:
         cmd = [
             "ffmpeg", "-loglevel", "error", "-y",
