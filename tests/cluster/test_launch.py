@@ -408,7 +408,7 @@ def test_a_launch_prints_what_matters_in_at_most_150_lines(cluster: LocalCluster
     lines = proc.stdout.splitlines()
     assert len(lines) <= 150, f"{len(lines)} lines:\n{proc.stdout}"
     out = flat(proc.stdout)
-    assert f"Job {job} started: 2 node(s), 2 process(es), gloo" in out  # where the job runs
+    assert f"Job {job} started: 2 node(s) (node0, node1), 2 process(es), gloo" in out  # where the job runs
     assert f"{job}: running: epoch 8/8 done" in out and f"Job {job} finished; last epoch:" in out
     assert "skipping: [" not in proc.stdout and "included: " not in proc.stdout
     # The hub's supervisor left as soon as every member had the end, not a heartbeat timeout (60 s) later.

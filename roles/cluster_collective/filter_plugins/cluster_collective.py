@@ -62,7 +62,8 @@ def _pairs(results: Sequence[dict[str, Any]]) -> list[str]:
 def report(names: Sequence[str], runs: Mapping[str, Mapping[str, Any]], megabytes: int) -> dict[str, Any]:
     """``names``: the nodes in rank order (the first holds the rendezvous); ``runs``: each node's async_status result
     (stdout: collective_check.py's JSON). Returns ``ok``, ``lines`` (a line per node: its interface, address and
-    bandwidth, or what failed) and ``problems`` (one line per node or pair to fix)."""
+    bandwidth, or what failed), ``problems`` (one line per node or pair to fix) and ``bandwidth`` ({node: bus bandwidth
+    in GB/s, or None})."""
     results = [_result(name, runs.get(name, {})) for name in names]
     root = names[0]
     problems = [f"{r['node']}: {r['error']}" for r in results if r["failed"] in ("run", "interface", "check")]
@@ -85,7 +86,8 @@ def report(names: Sequence[str], runs: Mapping[str, Mapping[str, Any]], megabyte
                          f"{bw['algbw_gbps']:.3f} GB/s)")
         else:
             lines.append(f"{where}: no all-reduce (its {r['failed']} step failed)")
-    return {"ok": not problems, "lines": lines, "problems": problems}
+    bandwidth = {r["node"]: r["bandwidth"]["busbw_gbps"] if r["bandwidth"] else None for r in results}
+    return {"ok": not problems, "lines": lines, "problems": problems, "bandwidth": bandwidth}
 
 
 class FilterModule:

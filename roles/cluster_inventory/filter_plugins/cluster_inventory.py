@@ -41,6 +41,9 @@ refused by name, never ignored.
 
 ``job_id`` checks the job id a playbook acts on: ``-e job_id``, else the name of ``-e config`` without .yaml.
 
+``held_out`` reads the nodes playbooks/check-cluster.yml -e act=true held out of the launches (a file on the
+controller, not the inventory: that is the user's) and names each one the inventory does not have.
+
 Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
 """
 
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import getpass
 import ipaddress
+import json
 import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -353,9 +357,33 @@ def job_id(given: Any, config: Any = "") -> dict[str, str]:
     return {"id": value, "error": ""}
 
 
+RELEASE = "ansible-playbook playbooks/check-cluster.yml -e release="
+
+
+def held_out(text: str, path: str, members: Sequence[str]) -> dict[str, Any]:
+    """The nodes playbooks/check-cluster.yml -e act=true held out of the launches: ``text`` is the file at ``path``
+    ('' when there is none), ``{"held_out": {node: why}}``. Returns ``{nodes: {node: why}, errors}``: the file that is
+    not such an object, or each held-out node the inventory's trainers and spares (``members``) lack, named with the
+    command that releases it."""
+    if not text.strip():
+        return {"nodes": {}, "errors": []}
+    try:
+        found = json.loads(text)
+    except ValueError as exc:
+        return {"nodes": {}, "errors": [f"{path} is not JSON ({exc}); {RELEASE}all writes it again"]}
+    nodes = found.get("held_out") if isinstance(found, dict) else None
+    if not isinstance(nodes, dict) or not all(isinstance(why, str) for why in nodes.values()):
+        return {"nodes": {}, "errors": [f'{path} is not {{"held_out": {{"NODE": "why", ...}}}}; {RELEASE}all writes '
+                                        "it again"]}
+    return {"nodes": nodes, "errors": [
+        f"{name}, held out in {path}, is not in the inventory's trainers or spares; release it: {RELEASE}{name}"
+        for name in nodes if name not in members]}
+
+
 class FilterModule:
     """Registers the functions above as Ansible filters."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"cluster_contract": cluster_contract, "cluster_scheduler_contract": scheduler_contract,
-                "cluster_resolve_address": resolve_address, "cluster_job_id": job_id}
+                "cluster_resolve_address": resolve_address, "cluster_job_id": job_id,
+                "cluster_held_out": held_out}
