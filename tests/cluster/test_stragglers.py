@@ -8,8 +8,8 @@ of the job on the machine's cores as usual.
   training-status.yml's, and trains on.
 
 The pace is rank 0's optimizer steps over its own wall clock, as its status.json says them (``step`` and ``updated``,
-written every 2 s): over 16 s before the slowdown, and from the moment every node has its next standby process
-imported (seconds of CPU each on this machine's two cores) to its last step. Both windows cross several epoch ends (a
+written every 2 s): over 16 s before the slowdown, and from the new attempt's first steps (rank 0 12 steps past the
+swap) to its last step; without standby processes (see LAUNCH_ARGS). Both windows cross several epoch ends (a
 loader's start, a checkpoint) alike, and node0 holds rank 0 in both, so the two figures differ only in who trains
 rank 1.
 Slow (a few minutes): the slow lane, `bash scripts/test.sh --slow`.
@@ -41,14 +41,13 @@ from tests.cluster.conftest import (
     run_playbook,
     stage_dataset,
 )
-from trainer.runtime import channel
-from trainer.runtime.channel import ProcState
-from trainer.runtime.layout import CHANNEL_DIR
 from trainer.runtime.record import JobRecord, Kind
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 40
+# Epochs of each job: the swap's job trains long enough after the swap for its pace to be measured at any speed this
+# machine gives it (6 to 20 steps a second); the other ends soon after its node is named.
+SWAP_EPOCHS, REPORT_EPOCHS = 120, 40
 SLOW_SHARE = 0.15  # of one CPU, for the slowed host; each trainer otherwise has most of a core of this machine's two
 WINDOW = 12  # seconds a node stays slow before it is named; its pace is measured over a quarter of it (3.3 s at least)
 LAUNCH_ARGS = (
@@ -58,8 +57,10 @@ LAUNCH_ARGS = (
     "-e", "vidcluster_straggler_threshold=0.7",
     "-e", f"vidcluster_straggler_window={WINDOW}",
     "-e", "vidcluster_straggler_cooldown=0",
-    # Validation after the last epoch only: every epoch of the job is training steps and a checkpoint.
-    "-e", json.dumps({"ddp_config_overrides": {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS}, "VAL": {"FREQ": EPOCHS}}}}),
+    # No standby processes: on a real node a standby's imports take one core of many; here they would take one of
+    # the two cores the trainers share, for longer than the rest of the job, and the pace after the swap would
+    # measure them. The swap is the same either way (every rank checkpoints at one step; the spare takes the rank).
+    "-e", "ddp_config_restart_in_place=false",
 )  # fmt: skip
 STEADY_STEPS = 12  # rank 0's steps before the pace is measured (the loaders and the allocator warmed up)
 MEASURE_S = 16.0  # each pace window
@@ -75,10 +76,12 @@ def cluster(local_cluster: Callable[..., LocalCluster], tmp_path_factory: pytest
     cluster.playbook("stop-training.yml", check=False)
 
 
-def launch(inventory: Path, job: str) -> subprocess.Popen[str]:
+def launch(inventory: Path, job: str, epochs: int) -> subprocess.Popen[str]:
+    # Validation after the last epoch only: every epoch of the job is training steps and a checkpoint.
+    overrides = {"CONFIG": {"TRAIN": {"EPOCH_NUM": epochs}, "VAL": {"FREQ": epochs}}}
     return subprocess.Popen(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "launch-training.yml", *LAUNCH_ARGS,
-         "-e", f"job_id={job}"],
+         "-e", f"job_id={job}", "-e", json.dumps({"ddp_config_overrides": overrides})],
         cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
@@ -138,14 +141,6 @@ class Steps:
         return (s1 - s0) / (t1 - t0)
 
 
-def standbys_ready(nodes: list[Node], job: str) -> bool:
-    """Every one of ``nodes`` has a live standby that has done its imports (it reports itself in its channel then)."""
-    def ready(node: Node) -> bool:
-        found = channel.processes(node_job_dir(node, job) / CHANNEL_DIR)
-        return any(r.state == ProcState.STANDBY and Path(f"/proc/{r.pid}").exists() for r in found)
-    return all(ready(node) for node in nodes)
-
-
 def wait_until(what: str, ready: Callable[[], bool], play: subprocess.Popen[str], most: float = 240) -> None:
     deadline = time.monotonic() + most
     while not ready():
@@ -159,7 +154,7 @@ def wait_until(what: str, ready: Callable[[], bool], play: subprocess.Popen[str]
 def test_a_slowed_node_is_named_and_swapped_for_the_spare_and_the_pace_comes_back(cluster: LocalCluster) -> None:
     node0, node1, _ = cluster.nodes
     job = f"{cluster.name}-swap"
-    play = launch(cluster.inventory, job)
+    play = launch(cluster.inventory, job, SWAP_EPOCHS)
     with Steps(node0, job) as steps:
         wait_until(f"{STEADY_STEPS} steps", lambda: steps.step >= STEADY_STEPS, play)
         began = time.time()
@@ -169,10 +164,8 @@ def test_a_slowed_node_is_named_and_swapped_for_the_spare_and_the_pace_comes_bac
             slowed = time.time()
             wait_until("the swap's attempt", lambda: (rec := record(node0, job)) is not None and rec.attempt >= 1,
                        play, most=120)
-        # Once a node's trainer took the attempt's first step its supervisor starts the next standby, and node1,
-        # which trains nothing now, at once: processes that import torch and the trainer, seconds of CPU each on
-        # this machine's two cores.
-        wait_until("every node's next standby imported", lambda: standbys_ready(cluster.nodes, job), play)
+        resumed = steps.step
+        wait_until(f"{STEADY_STEPS} steps of the new attempt", lambda: steps.step >= resumed + STEADY_STEPS, play)
         after_from = time.time()
         out = finish(play)
     after = steps.rate(after_from, steps.last_step_at)  # to the job's last step (not its final validation)
@@ -211,7 +204,7 @@ def test_without_a_spare_the_slowed_node_is_named_in_the_follow_and_the_status(c
     node0, node1, _ = cluster.nodes
     job = f"{cluster.name}-report"
     inventory = without_spares(cluster)
-    play = launch(inventory, job)
+    play = launch(inventory, job, REPORT_EPOCHS)
     with Steps(node0, job) as steps:
         wait_until(f"{STEADY_STEPS} steps", lambda: steps.step >= STEADY_STEPS, play)
         with cpu_quota(node1, SLOW_SHARE):
