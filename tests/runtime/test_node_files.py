@@ -115,7 +115,7 @@ def test_the_runtime_runs_the_jobs_code_version_never_a_stray_trainer_in_the_log
     env.pop("PYTHONPATH", None)
     started = subprocess.run([*entry, "start", *args], cwd=home, env=env, capture_output=True, text=True)
     assert started.returncode == 0, started.stderr
-    assert json.loads(started.stdout)["state"] == "running"
+    assert json.loads(started.stdout)["state"] in ("running", "ended")  # its one-node job of "pass" may be over
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         status = subprocess.run([*entry, "status", *args], cwd=home, env=env, capture_output=True, text=True)

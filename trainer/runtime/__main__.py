@@ -48,10 +48,16 @@ def start(job_dir: str, hub: str | None) -> dict[str, Any]:
         proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
+    while True:
+        ended = proc.poll()
+        # Read after the poll: a supervisor whose job was over by the next look (a one-node job of a moment) has
+        # written its state, and started.
         state = nodestate.node_state(job_dir)
         if state is not None and state.pid == proc.pid and state.addr:
-            return {"pid": proc.pid, "addr": state.addr, "mode": state.mode.value, "state": "running"}
+            return {"pid": proc.pid, "addr": state.addr, "mode": state.mode.value,
+                    "state": "running" if ended is None else "ended"}
+        if ended is not None or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
     tail = "; ".join(nodestate.log_tail(job_dir, 5))
     raise SystemExit(f"error: the supervisor did not start (exit status {proc.poll()}): {tail}")
