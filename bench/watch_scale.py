@@ -321,7 +321,9 @@ class Fleet:
             await self.until(lambda: self.hub_named(quiet.node), self.timings.loss + 60,
                              f"the hub to name {quiet.node} lost")
         except RuntimeError as exc:
-            progress(str(exc).splitlines()[0])
+            first = self.hub_record().first_failure
+            progress(f"{str(exc).splitlines()[0]}; the hub named {first.node if first else 'nobody'} "
+                     f"({first.reason if first else ''}), lost: {len(self.hub_record().lost)}")
             return None
         record = self.hub_record()
         assert record.detected_at is not None
