@@ -321,15 +321,17 @@ class Fleet:
             await self.until(lambda: self.hub_named(quiet.node), self.timings.loss + 60,
                              f"the hub to name {quiet.node} lost")
         except RuntimeError as exc:
-            progress(str(exc).splitlines()[0])
+            first = self.hub_record().first_failure
+            progress(f"{str(exc).splitlines()[0]}; the hub named {first.node if first else 'nobody'} "
+                     f"({first.reason if first else ''}), lost: {len(self.hub_record().lost)}")
             return None
         record = self.hub_record()
         assert record.detected_at is not None
         return record.detected_at - quiet.last_report
 
     def patience(self) -> float:
-        """How long to wait for every stand-in to hear of a change: each reads the whole record in this one process
-        (on a node, each reads it on its own), about 90 ms at 1,024 members on this machine."""
+        """How long to wait for every stand-in to hear of a change: each reads it in this one process (on a node,
+        each reads it on its own); a member that joins reads the whole record, about 90 ms at 1,024 members here."""
         return 60 + len(self.standins) / 4
 
     def close(self) -> None:
@@ -345,8 +347,8 @@ class Fleet:
 async def measure(members: int, heartbeat: float = HEARTBEAT_S, before: bool = False,
                   periods: int = 3) -> dict[str, float | None]:
     """Every figure of the watch at ``members`` members (``before``: every report answered with the record). When
-    the stand-ins could not all take in the next attempt in time (each reads the whole record, all in this one
-    process), the silent member is not measured: None."""
+    the stand-ins could not all take in the next attempt in time (all read it in this one process), the silent member
+    is not measured: None."""
     with tempfile.TemporaryDirectory(prefix="watch-bench-") as tmp:
         fleet = Fleet(Path(tmp), members, heartbeat, before)
         try:

@@ -4,14 +4,16 @@ out. No sockets, no processes."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from tests.runtime.test_plan import job, plans
+from trainer.runtime import schema, wire
 from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
-from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, Trouble
+from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, Trouble, read_reply
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import JobRecord, NodeTimeline, Start, with_changes
+from trainer.runtime.record import Changes, JobRecord, NodeTimeline, Start, with_changes
 
 HT = 60.0  # the plans' heartbeat timeout
 
@@ -266,8 +268,68 @@ def test_a_member_gets_unchanged_when_it_holds_the_record_the_changes_when_only_
     assert behind.says == Says.CHANGES and behind.record is None and behind.changes is not None
     assert behind.changes.directory == {"n2": "n2:2"} and behind.changes.timelines == {}
     assert with_changes(held, behind.changes) == j.record
-    j.exit("n2", -9)  # a failure: every member behind gets the whole record
+
+
+def test_a_member_behind_a_failure_and_an_attempt_gets_the_changes_and_one_too_far_behind_the_record() -> None:
+    """A failure named, then the next attempt: a member one version behind each, and one that missed both, get only
+    what changed (through the wire's JSON and the door's checks) and hold exactly the hub's record after; a member
+    behind by more versions than the hub keeps gets the whole record."""
+    j = Job(plan(nodes=3))
+    host = HubHost(j.hub)
+    j.tick(1, "n0", "n1", "n2")
+
+    def answer(node: str, version: int) -> RecordReply:
+        reply = host.answer(node, report(node, j.trainers[node], version=version), j.now)[0]
+        wired = read_reply(json.loads(wire.canonical(schema.dump(reply))))  # as the member reads it
+        assert wired == reply
+        return reply
+
+    def behind(held: JobRecord) -> Changes:
+        reply = answer("n1", held.version)
+        assert reply.says == Says.CHANGES and reply.changes is not None and reply.record is None
+        assert with_changes(held, reply.changes) == j.record
+        return reply.changes
+
+    launch = j.record
+    assert answer("n1", launch.version).says == Says.UNCHANGED
+    j.exit("n2", -9)
+    j.report("n0", "n1", "n2")
+    j.hub.tick(j.now, j.wall)
+    j.now += j.hub.timings.settle
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "stopping" and j.record.attempt == 0
+    named = behind(launch)
+    assert named.attempts == () and {"phase", "first_failure", "detected_at"} <= named.fields.keys()
+    assert "assignment" not in named.fields and named.directory == {} and named.timelines == {}
+    stopping = j.record
     j.tick(5, "n0", "n1", "n2")
     assert j.record.attempt == 1
-    after = answer("n1", held.version)
-    assert after.says == Says.RECORD and after.record == j.record
+    started = behind(stopping)
+    assert [a.attempt for a in started.attempts] == [1] and started.fields["phase"] == "running"
+    both = behind(launch)
+    assert [a.attempt for a in both.attempts] == [1] and both.fields.keys() >= named.fields.keys()
+    for n in range(host.kept + 1):  # n2's address moves, each version answered: the hub keeps only the latest
+        answer("n2", j.record.version)
+        j.hub.heard("n2", report("n2", j.trainers["n2"], addr=f"n2:{n}"), j.now)
+    far = answer("n1", launch.version)
+    assert far.says == Says.RECORD and far.record == j.record and far.changes is None
+
+
+def test_a_member_that_missed_timelines_of_an_attempt_and_the_next_attempt_gets_the_whole_record() -> None:
+    """Timelines of attempt 0 arrive, then attempt 1 starts: changes carry the newest attempt's timelines only, so a
+    member that held attempt 0 without them gets the whole record (its attempt 0 would stay stale otherwise)."""
+    j = Job(plan(nodes=2))
+    host = HubHost(j.hub)
+    j.tick(1, "n0", "n1")
+    held = j.record
+    host.answer("n1", report("n1", j.trainers["n1"], version=held.version), j.now)
+    timeline = NodeTimeline(start=Start.PROCESS, fallback="", started=j.wall, imported=j.wall, group=None,
+                            checkpoint=None, first_step=None)
+    j.hub.heard("n0", report("n0", j.trainers["n0"], timeline=timeline), j.now)
+    host.answer("n0", report("n0", j.trainers["n0"], version=j.record.version), j.now)  # answered: logged
+    assert j.record.attempts[0].nodes == {"n0": timeline}
+    j.exit("n0", -9)
+    j.tick(5, "n0", "n1")
+    assert j.record.attempt == 1
+    reply = host.answer("n1", report("n1", j.trainers["n1"], version=held.version), j.now)[0]
+    assert reply.says == Says.RECORD and reply.record == j.record

@@ -98,8 +98,15 @@ def test_a_members_message_is_checked_at_the_door() -> None:
     with pytest.raises(schema.SchemaError, match="the answer: record: phase"):
         read_reply({"says": "record", "record": broken(["phase"], 3), "changes": None, "progress": None})
     assert read_reply({"says": "unchanged", "record": None, "changes": None, "progress": {"step": 5}}).record is None
-    changes = {"term": 0, "base": 2, "version": 3, "directory": {"n1": "10.9.0.11:4000"}, "timelines": {}}
-    assert read_reply({"says": "changes", "record": None, "changes": changes, "progress": None}).changes.base == 2
+    changes = {"term": 0, "base": 2, "version": 3, "directory": {"n1": "10.9.0.11:4000"}, "timelines": {},
+               "attempts": [], "fields": {"phase": "stopping", "restarts": 1}}
+    read = read_reply({"says": "changes", "record": None, "changes": changes, "progress": None}).changes
+    assert read.base == 2 and read.fields == {"phase": Phase.STOPPING, "restarts": 1}
+    for fields, said in [({"phase": "lost"}, "fields: phase: 'lost' is not one of"),
+                         ({"restarts": "1"}, "fields: restarts: expected int"),
+                         ({"version": 9}, "fields: unknown version"), ({"directory": {}}, "fields: unknown directory")]:
+        with pytest.raises(schema.SchemaError, match=f"the answer: changes: {said}"):
+            read_reply({"says": "changes", "record": None, "changes": {**changes, "fields": fields}, "progress": None})
     for bad in ({"says": "unchanged", "record": a_record().to_json(), "changes": None, "progress": None},
                 {"says": "record", "record": None, "changes": None, "progress": None},
                 {"says": "changes", "record": None, "changes": None, "progress": None}):
@@ -134,8 +141,8 @@ def test_the_listener_encodes_each_record_once_and_every_answer_as_its_canonical
         assert text == wire.canonical(schema.dump(answer))
         line = listener.keyring.seal("s>c", "n" * 32, 0, text)
         assert read_reply(listener.keyring.open("s>c", "n" * 32, 0, line)) == answer
-    kept = listener.record_text
+    kept = listener.payload_text
     listener.encode(answers[1])
-    assert listener.record_text is kept and kept[0] is record  # the same record: its text was not made again
+    assert listener.payload_text is kept and kept[0] is record  # the same record: its text was not made again
     listener.encode(RecordReply(says=Says.RECORD, record=record.changed(), changes=None, progress=None))
-    assert listener.record_text[0] is not record  # a new version: encoded anew
+    assert listener.payload_text[0] is not record  # a new version: encoded anew

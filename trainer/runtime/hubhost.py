@@ -3,10 +3,11 @@ its own member's reports and the time, keeps the hub's picture in watch.json, an
 the job's end (then the hub's supervisor may leave).
 
 The record names every member, so it is sent only to a member that lacks it: a member that holds the current version
-is answered ``unchanged``; one whose version differs from the current one only by members' addresses and timelines
-(the launch's joins, an attempt's start: changes that come in one by one from every member) gets those changes; any
-other gets the whole record (a join; after any other change: a new attempt, a failure, a lost member). So a report
-period costs the hub bytes in proportion to the members, not to their square.
+is answered ``unchanged``; one that holds a recent version of this hub's record (one of the last ``KEPT_PER_MEMBER``
+per member answered) gets the changes since (trainer.runtime.record.Changes: members' addresses and timelines, the
+attempts started, the fields changed); any other gets the whole record (a join, a member far behind, a hub that took
+over). So a report period costs the hub bytes in proportion to the members, not to their square, and a failure or an
+attempt costs each member what changed, not the whole record's reading.
 """
 
 from __future__ import annotations
@@ -15,20 +16,23 @@ from collections.abc import Mapping
 
 from trainer.runtime.hub import Hub
 from trainer.runtime.messages import RecordReply, Report, Says
-from trainer.runtime.record import Changes, JobRecord, members_changes
+from trainer.runtime.record import Changes, JobRecord, Step, changes_from, step
 from trainer.runtime.schema import JsonObject
+
+KEPT_PER_MEMBER = 4  # versions answered, per member, whose changes to the current one the hub can still send
 
 
 class HubHost:
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.acked: dict[str, int] = {}  # member -> the record version it last said it holds
-        # The versions answered since the record's last change of another kind than members' addresses and timelines
-        # (``since``), each with the nodes whose entries it changed: a member holding one of them gets the changes.
+        # The versions answered since ``since``, each with what it changed: a member holding one of them, or ``since``,
+        # gets the changes (at most KEPT_PER_MEMBER per member are kept: the launch's joins alone make one each).
         self.seen = hub.record
         self.since = hub.record.version
-        self.log: list[tuple[int, frozenset[str], frozenset[str]]] = []
-        self.changes: dict[int, Changes] = {}  # base version -> the changes from it to the current version
+        self.log: list[tuple[int, Step]] = []
+        self.kept = KEPT_PER_MEMBER * len(hub.plan.members)
+        self.changes: dict[int, Changes | None] = {}  # base version -> the changes from it to the current version
 
     def answer(self, node: str, report: Report, now: float) -> tuple[RecordReply, bool]:
         """A member's join or report: the hub learns from it; the member gets the record, or ``unchanged`` when its
@@ -51,34 +55,40 @@ class HubHost:
             return RecordReply(says=Says.RECORD, record=record, changes=None, progress=progress)
         if report.version == record.version:
             return RecordReply(says=Says.UNCHANGED, record=None, changes=None, progress=progress)
-        changes = self.changes.get(report.version) or self.changes.setdefault(
-            report.version, self.changes_since(record, report.version))
+        if held not in self.changes:
+            self.changes[held] = self.changes_since(record, held)
+        changes = self.changes[held]
+        if changes is None:
+            return RecordReply(says=Says.RECORD, record=record, changes=None, progress=progress)
         return RecordReply(says=Says.CHANGES, record=None, changes=changes, progress=progress)
 
     def observe(self) -> JobRecord:
         """The hub's record, its change since the last one answered logged."""
         record = self.hub.record
         if record is not self.seen:
-            found = members_changes(self.seen, record)
+            found = step(self.seen, record)
             if found is None:
                 self.since, self.log = record.version, []
             else:
-                self.log.append((record.version, *found))
+                self.log.append((record.version, found))
+                if len(self.log) > self.kept:
+                    self.since = self.log.pop(0)[0]
             self.seen, self.changes = record, {}
         return record
 
-    def changes_since(self, record: JobRecord, base: int) -> Changes:
-        addresses: set[str] = set()
-        timelines: set[str] = set()
-        for version, moved, phases in reversed(self.log):
+    def changes_since(self, record: JobRecord, base: int) -> Changes | None:
+        """The changes from version ``base`` (``since``, or one answered since) to ``record``; None: send it whole."""
+        steps: list[Step] = []
+        for version, change in reversed(self.log):
             if version <= base:
+                if version < base:
+                    return None  # a version never answered
                 break
-            addresses |= moved
-            timelines |= phases
-        nodes = record.attempts[-1].nodes
-        return Changes(term=record.term, base=base, version=record.version,
-                       directory={n: record.directory[n] for n in addresses},
-                       timelines={n: nodes[n] for n in timelines})
+            steps.append(change)
+        else:
+            if base != self.since:
+                return None
+        return changes_from(record, base, steps[::-1])
 
     def tick(self, own: Report, now: float, wall: float) -> None:
         """A moment passes; ``own``: this node's own member's report."""

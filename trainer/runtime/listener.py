@@ -79,7 +79,7 @@ class Listener:
         self.errors = Once(say)
         self.server: asyncio.Server | None = None
         self.addr = ""
-        self.record_text: tuple[object, bytes] = (None, b"")  # the last record sent, in canonical JSON
+        self.payload_text: tuple[object, bytes] = (None, b"")  # the last record or changes sent, in canonical JSON
 
     async def start(self) -> str:
         """Listen on an ephemeral port of this node's cluster address; ``host:port``."""
@@ -117,16 +117,19 @@ class Listener:
             writer.close()
 
     def encode(self, reply: Reply) -> bytes:
-        """The reply as canonical JSON; a record is encoded once and its text kept for the next member it goes to
-        (the hub sends one record to every member: encoding it for each cost the hub members² work)."""
-        if not isinstance(reply, RecordReply) or reply.record is None:
+        """The reply as canonical JSON; a record, or a record's changes, is encoded once and its text kept for the next
+        member it goes to (the hub sends one record, or one change, to every member: encoding it for each cost the hub
+        members² work)."""
+        payload = reply.record or reply.changes if isinstance(reply, RecordReply) else None
+        if payload is None:
             return wire.canonical(schema.dump(reply))
-        if self.record_text[0] is not reply.record:
-            self.record_text = (reply.record, wire.canonical(reply.record.to_json()))
+        if self.payload_text[0] is not payload:
+            self.payload_text = (payload, wire.canonical(schema.dump(payload)))
+        key = "record" if payload is reply.record else "changes"
         parts = {f.name: wire.canonical(schema.dump(getattr(reply, f.name))) for f in dataclasses.fields(reply)
-                 if f.name != "record"}
-        parts["record"] = self.record_text[1]
-        return b"{" + b",".join(wire.canonical(key) + b":" + parts[key] for key in sorted(parts)) + b"}"
+                 if f.name != key}
+        parts[key] = self.payload_text[1]
+        return b"{" + b",".join(wire.canonical(name) + b":" + parts[name] for name in sorted(parts)) + b"}"
 
     async def _talk(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link, body = await wire.accept(reader, writer, self.keyring, self.limit)

@@ -3,23 +3,24 @@ node's own state: typed values, each body checked at the door (``read_report``, 
 and refused when it does not fit.
 
 A member says (``Report``) ``join`` on a new connection, with the record it holds, then ``report`` every
-``report_every`` seconds (trainer.runtime.timing), and at once when its trainer starts, exits or fails. The hub
-answers each with its record (``RecordReply``), or, when the report says the member holds the hub's record already,
-with ``unchanged`` and no record, or, when only members' addresses and timelines changed since the version the member
-holds, with those ``changes`` (trainer.runtime.record.Changes): the record names every member, so sending it on every
-report would cost the hub members² bytes per report period (trainer.runtime.hubhost). A supervisor that is not the
-hub answers where the hub is (``NotHub``) and closes the connection.
+``report_every`` seconds (trainer.runtime.timing), and at once when its trainer starts, exits or fails. The hub answers
+each with its record (``RecordReply``), or, when the report says the member holds the hub's record already, with
+``unchanged`` and no record, or, when the member holds a recent version, with the ``changes`` since
+(trainer.runtime.record.Changes): the record names every member, so sending it on every report would cost the hub
+members² bytes per report period, and every member the whole record's reading at every change (trainer.runtime.hubhost).
+A supervisor that is not the hub answers where the hub is (``NotHub``) and closes the connection.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from trainer.runtime import schema
 from trainer.runtime.pace import Pace
-from trainer.runtime.record import Changes, End, JobRecord, Kind, NodeTimeline
+from trainer.runtime.record import Changes, End, JobRecord, Kind, NodeTimeline, read_fields
 from trainer.runtime.schema import JsonObject
 
 
@@ -43,7 +44,7 @@ class Says(StrEnum):
     REPORT = "report"
     RECORD = "record"
     UNCHANGED = "unchanged"  # the hub's answer to a member that holds its record already
-    CHANGES = "changes"  # the hub's answer to a member whose record lacks only members' addresses and timelines
+    CHANGES = "changes"  # the hub's answer to a member with a recent version: what changed since
     NOT_HUB = "not_hub"
 
 
@@ -144,7 +145,11 @@ def read_report(body: Any) -> Report:
 
 def read_reply(body: Any) -> Reply:
     if isinstance(body, dict) and body.get("says") in (Says.RECORD, Says.CHANGES, Says.UNCHANGED):
-        return schema.parse(RecordReply, body, "the answer")
+        reply = schema.parse(RecordReply, body, "the answer")
+        if reply.changes is None:
+            return reply
+        fields = read_fields(reply.changes.fields, "the answer: changes: fields")
+        return dataclasses.replace(reply, changes=dataclasses.replace(reply.changes, fields=fields))
     return schema.parse(NotHub, body, "the answer")
 
 

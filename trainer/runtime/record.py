@@ -29,6 +29,7 @@ from typing import Any
 
 from trainer.runtime import schema
 from trainer.runtime.pace import Effort
+from trainer.runtime.schema import JsonObject
 
 SCHEMA = 2
 
@@ -231,40 +232,92 @@ class JobRecord:
         return self.end is not None
 
 
+# The record's fields that a delta (``Changes``) carries whole when they changed: all but the job's identity (a hub of
+# another term, or another job, sends the whole record) and the per-member tables, which go entry by entry.
+FIELDS = tuple(f.name for f in dataclasses.fields(JobRecord)
+               if f.name not in ("schema", "version", "job", "term", "directory", "attempts"))
+
+
 @dataclass(frozen=True)
 class Changes:
-    """A record as the changes to an earlier version of it, when the only changes are members' addresses and their
-    timelines in the newest attempt: the changes each member makes by itself (its join, its trainer's phases), which
-    come in one by one from every member at the launch and at every attempt's start."""
+    """A record as the changes to an earlier version of it of the same hub: members' new or changed addresses, their
+    timelines in the newest attempt, the attempts started since, and the record's other fields that changed (each as
+    it is now). Members' own entries come in one by one from every member (the launch's joins, every attempt's
+    start); a failure named, a member lost, an attempt started, the end change a few fields and add one attempt: sent
+    so, a change costs the hub and each member what changed, not the whole record."""
 
     term: int
     base: int  # the version they apply to
     version: int  # the version they make
     directory: dict[str, str]  # entries new or changed since ``base``
-    timelines: dict[str, NodeTimeline]  # the newest attempt's entries new or changed since ``base``
+    timelines: dict[str, NodeTimeline]  # the newest attempt's entries new or changed since ``base`` (one it held)
+    attempts: tuple[Attempt, ...]  # attempts started since ``base``, whole
+    fields: JsonObject  # FIELDS changed since ``base``: their values now (typed by ``read_fields`` at the door)
 
 
-def members_changes(old: JobRecord, new: JobRecord) -> tuple[frozenset[str], frozenset[str]] | None:
-    """(the nodes whose directory entry, whose timeline in the newest attempt changed) from ``old`` to ``new``, when
-    nothing else changed (None when something else did, or an entry went)."""
-    if old.term != new.term or len(old.attempts) != len(new.attempts) or not old.attempts:
+def read_fields(data: Any, where: str) -> dict[str, Any]:
+    """A delta's changed fields, each checked as the record's own, or RecordError naming the fault."""
+    return schema.parse_some(JobRecord, data, FIELDS, where, RecordError)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one change of the record (from the version answered before to the next one answered) touched."""
+
+    directory: frozenset[str]  # nodes whose address is new or changed
+    timelines: frozenset[str]  # nodes whose timeline in the newest attempt is new or changed
+    attempts: int  # attempts added
+    fields: frozenset[str]  # FIELDS changed
+
+
+def step(old: JobRecord, new: JobRecord) -> Step | None:
+    """What changed from ``old`` to ``new``, when ``Changes`` can carry it: None when the term or the job differ, an
+    address went, an attempt before the newest changed, or the newest changed and another came after it."""
+    if (old.term, old.job) != (new.term, new.job) or not old.attempts:
         return None
-    was, now = old.attempts[-1], new.attempts[-1]
-    if not (old.directory.keys() <= new.directory.keys() and was.nodes.keys() <= now.nodes.keys()):
+    if not old.directory.keys() <= new.directory.keys():
         return None
-    rest = dataclasses.replace(old, version=new.version, directory=new.directory,
-                               attempts=(*old.attempts[:-1], dataclasses.replace(was, nodes=now.nodes)))
-    if rest != new:
+    held = len(old.attempts)
+    if len(new.attempts) < held or new.attempts[:held - 1] != old.attempts[:held - 1]:
         return None
-    return (frozenset(k for k, v in new.directory.items() if old.directory.get(k) != v),
-            frozenset(k for k, v in now.nodes.items() if was.nodes.get(k) != v))
+    was, now = old.attempts[-1], new.attempts[held - 1]
+    if not was.nodes.keys() <= now.nodes.keys() or dataclasses.replace(was, nodes=now.nodes) != now:
+        return None
+    timelines = frozenset(k for k, v in now.nodes.items() if was.nodes.get(k) != v)
+    if timelines and len(new.attempts) > held:
+        return None
+    return Step(directory=frozenset(k for k, v in new.directory.items() if old.directory.get(k) != v),
+                timelines=timelines, attempts=len(new.attempts) - held,
+                fields=frozenset(name for name in FIELDS if getattr(old, name) != getattr(new, name)))
+
+
+def changes_from(record: JobRecord, base: int, steps: list[Step]) -> Changes | None:
+    """The changes from version ``base`` to ``record``, made by ``steps`` (in order); None when the newest attempt's
+    timelines changed before another attempt started (the member's copy of that attempt would stay stale)."""
+    directory: set[str] = set()
+    timelines: set[str] = set()
+    fields: set[str] = set()
+    added = 0
+    for s in steps:
+        if s.attempts and timelines:
+            return None
+        added += s.attempts
+        directory |= s.directory
+        fields |= s.fields
+        if not added:  # once an attempt is added, the attempts go whole
+            timelines |= s.timelines
+    nodes = record.attempts[-1].nodes
+    return Changes(term=record.term, base=base, version=record.version,
+                   directory={n: record.directory[n] for n in directory}, timelines={n: nodes[n] for n in timelines},
+                   attempts=record.attempts[len(record.attempts) - added:] if added else (),
+                   fields={name: getattr(record, name) for name in fields})
 
 
 def with_changes(record: JobRecord, changes: Changes | None) -> JobRecord | None:
     """``record`` with ``changes`` applied, when they apply to it (its term and version); else None."""
     if changes is None or (record.term, record.version) != (changes.term, changes.base) or not record.attempts:
         return None
-    last = record.attempts[-1]
-    return dataclasses.replace(record, version=changes.version, directory={**record.directory, **changes.directory},
-                               attempts=(*record.attempts[:-1], dataclasses.replace(
-                                   last, nodes={**last.nodes, **changes.timelines})))
+    *before, last = (*record.attempts, *changes.attempts)
+    return dataclasses.replace(record, **changes.fields, version=changes.version,
+                               directory={**record.directory, **changes.directory},
+                               attempts=(*before, dataclasses.replace(last, nodes={**last.nodes, **changes.timelines})))

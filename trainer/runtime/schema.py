@@ -53,6 +53,21 @@ def parse(cls: type[T], data: Any, where: str, error: type[SchemaError] = Schema
         raise error(str(exc)) from None
 
 
+def parse_some(cls: type, data: Any, names: Sequence[str], where: str,
+               error: type[SchemaError] = SchemaError) -> dict[str, Any]:
+    """Some of ``cls``'s fields (any of ``names``, no other) from decoded JSON, each checked as ``parse`` checks it."""
+    hints = dict(_fields(cls))
+    try:
+        if not isinstance(data, Mapping):
+            raise SchemaError(f"{where}: expected an object, got {type(data).__name__}")
+        unknown = [str(key) for key in data if key not in names]
+        if unknown:
+            raise SchemaError(f"{where}: unknown {', '.join(unknown)}")
+        return {key: _value(hints[key], value, f"{where}: {key}") for key, value in data.items()}
+    except SchemaError as exc:
+        raise error(str(exc)) from None
+
+
 def _value(kind: Any, value: Any, where: str) -> Any:
     if dataclasses.is_dataclass(kind):
         fields = _fields(typing.cast(type, kind))
