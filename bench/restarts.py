@@ -1,7 +1,8 @@
 """What a restart costs, phase by phase, against torchrun's in the same run.
 
     .venv/bin/python -m bench.restarts [--repeats N]   (root: a 2-node local cluster; 15 to 30 min)
-    .venv/bin/python -m bench.restarts --faults        (root: every kind of fault on a 3-node cluster with a spare)
+    .venv/bin/python -m bench.restarts --faults [--scenario TEXT]  (root: every kind of fault, 3 nodes with a spare;
+                                                                each job's goodput from its record too)
     .venv/bin/python -m bench --only restarts          (the comparison, as rows of the benchmark table)
 
 The comparison (the default): one job, r3d_18 on 56 px clips of the synthetic dataset for EPOCHS epochs with a
@@ -30,6 +31,7 @@ and with restart in place at most 5 s plus the steps lost.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -393,13 +395,30 @@ def preempt(job: str) -> None:
         os.kill(read(job_dir(node, job, FAULT_CLUSTER) / "state.json")["pid"], signal.SIGTERM)
 
 
+def two_kills(job: str) -> None:
+    """node1's trainer killed, then, once the next attempt trains on every node and 4 s more, node0's."""
+    os.kill(fault_trainer(job, 1), signal.SIGKILL)
+    deadline = time.monotonic() + 300
+    while True:
+        record = job_record(0, job, FAULT_CLUSTER)
+        if record.attempt >= 1 and all(t.first_step for t in record.attempts[1].nodes.values()):
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{job}: the attempt after the first kill did not train within 300 s")
+        time.sleep(0.2)
+    time.sleep(4)
+    os.kill(fault_trainer(job, 0), signal.SIGKILL)
+
+
 SCENARIOS: dict[str, tuple[Callable[[str], None], int]] = {  # the fault, and the node whose hub records it
     "a trainer killed (SIGKILL)": (lambda job: os.kill(fault_trainer(job, 1), signal.SIGKILL), 0),
     "a trainer frozen (SIGSTOP)": (lambda job: os.kill(fault_trainer(job, 0), signal.SIGSTOP), 0),
     "a node lost (every process)": (lambda job: kill_node(1), 0),
     "the rank-0 node lost (with the job's hub)": (lambda job: kill_node(0), 1),
     "SIGTERM to every supervisor (preemption)": (preempt, 0),
+    "two trainers killed, one after the other": (two_kills, 0),
 }
+GOODPUT_PARTS = ("trained", "startup", "detection", "restart", "recomputed", "checkpoint", "data", "other")
 
 
 def measure_fault(inventory: Path, name: str, index: int) -> dict[str, Any]:
@@ -432,17 +451,37 @@ def measure_fault(inventory: Path, name: str, index: int) -> dict[str, Any]:
             "again_s": round(again, 1), "lost_steps": lost,
             "lost_s": None if lost is None else round(lost * (status.get("step_time_s") or 0.0), 1),
             "how": ", ".join(f"{node} {t.start}" for node, t in sorted(record.attempts[1].nodes.items())),
-            "finished": status.get("state") == "finished"}
+            "finished": status.get("state") == "finished", "restarts": record.restarts,
+            "goodput": None if record.goodput is None else dataclasses.asdict(record.goodput)}
 
 
-def faults() -> list[dict[str, Any]]:
+def faults(only: str = "") -> list[dict[str, Any]]:
+    """Every scenario whose name holds ``only``."""
     results = []
     with training_cluster(FAULT_CLUSTER, 3, "-e", "spares=1") as inventory:
         for index, name in enumerate(SCENARIOS):
+            if only not in name:
+                continue
             build(FAULT_CLUSTER, 3, "-e", "spares=1")  # a node a scenario killed comes back for the next one
             results.append(measure_fault(inventory, name, index))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     return results
+
+
+def goodput_table(found: list[dict[str, Any]]) -> str:
+    """Each job's goodput from its record (trainer/runtime/goodput.py): its wall time and the parts adding up to it."""
+    lines = ["| failure | restarts | wall, s | " + " | ".join(f"{part}, s" for part in GOODPUT_PARTS)
+             + " | the parts' sum, s | goodput |", "|---" * (5 + len(GOODPUT_PARTS)) + "|"]
+    for row in found:
+        spent = row["goodput"]
+        if spent is None:
+            lines.append(f"| {row['scenario']} | {row['restarts']} | no goodput on record |")
+            continue
+        parts = [spent[f"{part}_s"] for part in GOODPUT_PARTS]
+        lines.append(f"| {row['scenario']} | {row['restarts']} | {spent['wall_s']:.1f} | "
+                     + " | ".join(f"{part:.1f}" for part in parts)
+                     + f" | {sum(parts):.1f} | {spent['trained_s'] / spent['wall_s']:.0%} |")
+    return "\n".join(lines)
 
 
 def fault_goals(row: dict[str, Any]) -> tuple[bool, bool, bool]:
@@ -456,15 +495,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every run (the table takes the median)")
     parser.add_argument("--faults", action="store_true", help="every kind of fault instead of the comparison")
+    parser.add_argument("--scenario", default="", help="with --faults: only the scenarios whose name holds this")
     args = parser.parse_args()
     if args.faults:
-        found = faults()
+        found = faults(args.scenario)
         print("| failure | cause on record | detected, s | training again after, s | lost, steps (s) | how the "
               "trainers came back | finished |")
         print("|---|---|---|---|---|---|---|")
         for row in found:
             print(f"| {row['scenario']} | {row['cause']} | {row['detect_s']} | {row['again_s']} | {row['lost_steps']} "
                   f"({row['lost_s']}) | {row['how']} | {'yes' if row['finished'] else 'no'} |")
+        print(goodput_table(found))
         return 0 if all(all(fault_goals(row)) and row["finished"] for row in found) else 1
     start, load = time.perf_counter(), os.getloadavg()[0]
     found = rows(compare(args.repeats))
