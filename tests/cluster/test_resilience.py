@@ -194,7 +194,8 @@ def test_with_restarts_off_a_kill_ends_the_job_saying_why(cluster: LocalCluster)
     assert play.returncode != 0
     assert "node1 failed first: its trainer was killed by signal 9 (SIGKILL); restarts are off (max_restarts 0)" in (
         flat(out)), out[-4000:]
-    assert record(node0, job).restarts == 0 and job_processes(job) == []
+    ended = record(node0, job)
+    assert ended.restarts == 0 and job_processes(job) == [], [(a.attempt, a.cause) for a in ended.attempts]
 
 
 def repair(cluster: LocalCluster) -> None:
