@@ -104,7 +104,10 @@ def test_without_a_spare_a_slow_node_is_named_in_the_follow_and_the_status_and_g
     record = job.ended()
     assert record.end is not None and record.end.state == EndState.FINISHED and record.restarts == 2, job.logs()
     goodput = record.goodput
-    assert goodput is not None and goodput.failures == 2 and goodput.detection_s > 0 and goodput.restart_s > 0
+    assert goodput is not None and goodput.failures == 2 and goodput.restart_s > 0
+    # a killed trainer is seen by its own agent at once: detection may round to 0.0, but it is what the causes say
+    causes = [a.cause for a in record.attempts if a.cause is not None]
+    assert goodput.detection_s == pytest.approx(sum(c.detected_at - c.at for c in causes), abs=0.1), (goodput, causes)
     parts = (goodput.trained_s, goodput.startup_s, goodput.detection_s, goodput.restart_s, goodput.recomputed_s,
              goodput.checkpoint_s, goodput.data_s, goodput.other_s)
     assert sum(parts) == pytest.approx(goodput.wall_s, abs=0.5), goodput
