@@ -333,3 +333,23 @@ def test_a_member_that_missed_timelines_of_an_attempt_and_the_next_attempt_gets_
     assert j.record.attempt == 1
     reply = host.answer("n1", report("n1", j.trainers["n1"], version=held.version), j.now)[0]
     assert reply.says == Says.RECORD and reply.record == j.record
+
+
+def test_a_kill_is_named_at_once_and_a_plain_exit_after_the_settling_time() -> None:
+    """A trainer killed by a signal is no peer's consequence: the hub stops the attempt in the tick that hears it. A
+    plain exit may be a consequence: the hub waits for its cause first."""
+    j = Job(plan(nodes=3))
+    j.tick(3, "n0", "n1", "n2")
+    j.exit("n2", -9)
+    j.report("n2")
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "stopping" and j.record.detected_at == j.wall, j.record.phase
+    exited = Job(plan(nodes=3))
+    exited.tick(3, "n0", "n1", "n2")
+    exited.exit("n2", 1)
+    exited.report("n2")
+    exited.hub.tick(exited.now, exited.wall)
+    assert exited.record.phase == "running"
+    exited.now += exited.hub.timings.settle
+    exited.hub.tick(exited.now, exited.wall)
+    assert exited.record.phase == "stopping"

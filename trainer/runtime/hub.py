@@ -7,8 +7,9 @@ passing of time (``tick``), and sends ``record`` back to every member, which sta
 
 Phases of an attempt:
     running   every assigned member runs its trainer. All exit 0: the job finished. A failure (a trainer's bad exit,
-              a frozen trainer, a member silent for the heartbeat timeout): after a short settling time the hub names
-              the first failure (trainer.runtime.verdict) and stops the attempt;
+              a frozen trainer, a member silent for the heartbeat timeout): the hub names the first failure
+              (trainer.runtime.verdict) and stops the attempt, at once when it is a kill, a freeze, a loss, a bad
+              input or a stop, else after a short settling time (its cause may still arrive);
     stopping  every assigned member stops its trainer; one that does not confirm within the grace time is lost.
               Then the policy (trainer.runtime.policy) ends the job, restarts it, or waits;
     waiting   for a lost node to come back (no spare), or for a majority of members to start the next attempt;
@@ -50,7 +51,7 @@ from trainer.runtime.record import (
     Spent,
 )
 from trainer.runtime.schema import JsonObject
-from trainer.runtime.verdict import exit_failure, first_failure, words
+from trainer.runtime.verdict import exit_failure, first_failure, no_consequence, words
 
 Log = Callable[[str], None]
 
@@ -266,11 +267,11 @@ class Hub:
         if self.first_seen is None:
             self.first_seen = now
         # A failure's consequences arrive within moments (peers lose their collective): let its cause arrive too,
-        # unless every node of the attempt has failed already (nothing is left to arrive).
+        # unless it is one already, or every node of the attempt has failed (nothing is left to arrive).
+        first = self.first()
+        assert first is not None
         every = {f.node for f in self.failures} >= set(self.record.assignment)
-        if now - self.first_seen >= self.timings.settle or every:
-            first = self.first()
-            assert first is not None
+        if now - self.first_seen >= self.timings.settle or every or no_consequence(first):
             self.log(f"attempt {attempt}: {words(first)}; stopping the attempt on every node")
             self._change(phase=Phase.STOPPING, first_failure=first, detected_at=wall,
                          failed_step=_step(self.progress))

@@ -60,6 +60,13 @@ def first_failure(failures: Iterable[Failure]) -> Failure | None:
     return min(failures, key=lambda f: (tier(f.kind), f.at), default=None)
 
 
+def no_consequence(failure: Failure) -> bool:
+    """A failure no peer's failure causes (a bad input, a user's stop, what happened to a node from outside): the hub
+    names it without waiting for a cause to arrive. Only another node's outside failure, earlier still, could
+    explain it: rare, and the stopping attempt names that one instead when it arrives."""
+    return failure.kind in TIERS[0] + TIERS[1]
+
+
 def words(first: Failure) -> str:
     """'node1 failed first: its trainer was killed by signal 9 (SIGKILL)'."""
     return f"{first.node} failed first: {first.reason}"
