@@ -306,4 +306,5 @@ def test_a_data_error_at_epoch_2_ends_the_job_in_one_message_without_a_restart(c
     assert "The job failed: node1 failed first: its trainer rejected its input (exit status 2" in flat(out), (
         out[-4000:])
     assert "a restart cannot fix a bad input" in flat(out) and "error: " in out  # the trainer's own line, shown
-    assert record(node0, job).restarts == 0 and job_processes(job) == []
+    ended = record(node0, job)
+    assert ended.restarts == 0 and job_processes(job) == [], [(a.attempt, a.cause) for a in ended.attempts]
