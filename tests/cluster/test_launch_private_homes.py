@@ -1,7 +1,8 @@
 """launch-training.yml on 3 nodes with private homes (the cluster the SSH mesh tests use): a dataset path missing on one
 node, 3 nodes x 2 gloo workers writing their run where the config's LOG.BASE_PATH says (in the rank-0 node's home),
-a relaunch that resumes from there after re-shipping the trainer code to the one node whose copy differs, and
-CONFIG.MODEL.PRETRAINED: weights fetched once on the controller from a mirror, shipped, loaded on every node."""
+a relaunch that resumes from there after re-shipping the trainer code to the one node whose copy differs (the slow
+lane), and CONFIG.MODEL.PRETRAINED: weights fetched once on the controller from a mirror, shipped, loaded on every
+node."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_dataset_path_missing_on_one_node_fails_before_anything_starts(cluster: 
     assert not any((node_job_dir(node, job) / "state.json").exists() for node in cluster.nodes)
 
 
+@pytest.mark.slow  # two launches of 3 nodes x 2 workers: 5 minutes of the main lane's 2 cores
 def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: LocalCluster) -> None:
     node0, node1, node2 = cluster.nodes
     job = f"{cluster.name}-scratch"
@@ -138,15 +140,6 @@ def test_runs_go_where_the_config_says_and_a_relaunch_resumes_there(cluster: Loc
     assert job_processes(job) == []
     stop = cluster.playbook("stop-training.yml", "-e", f"job_id={job}")
     assert changed_total(stop.stdout, cluster.names) == 0 and flat(stop.stdout).count("nothing to stop") == 3
-
-
-def test_training_status_without_a_job_lists_every_job_of_every_node(cluster: LocalCluster) -> None:
-    status = cluster.playbook("training-status.yml")
-    shown = status.stdout.split("TASK [ddp_launch : Show each job's state on the node]", 1)[1].split("TASK [", 1)[0]
-    for node in cluster.nodes:  # each node's own line about the job
-        block = flat(shown.split(f"ok: [{node.name}] =>", 1)[1].split("ok: [", 1)[0])
-        assert f"{cluster.name}-scratch on {node.name}: finished: attempt 0 trained to the end" in block, block
-    assert Path(REPO / "runs" / f"{cluster.name}-scratch" / "curves.png").stat().st_size > 0
 
 
 @contextlib.contextmanager
@@ -231,3 +224,12 @@ def test_pretrained_weights_are_fetched_once_on_the_controller_and_loaded_on_eve
     assert proc.returncode != 0
     assert "model 'slow_tiny' has no published Kinetics weights" in flat(proc.stdout), proc.stdout[-3000:]
     assert job_processes(f"{job}-none") == []
+
+
+def test_training_status_without_a_job_lists_every_job_of_every_node(cluster: LocalCluster) -> None:
+    status = cluster.playbook("training-status.yml")
+    shown = status.stdout.split("TASK [ddp_launch : Show each job's state on the node]", 1)[1].split("TASK [", 1)[0]
+    for node in cluster.nodes:  # each node's own line about the job
+        block = flat(shown.split(f"ok: [{node.name}] =>", 1)[1].split("ok: [", 1)[0])
+        assert f"{cluster.name}-pretrained on {node.name}: finished: attempt 0 trained to the end" in block, block
+    assert Path(REPO / "runs" / f"{cluster.name}-pretrained" / "curves.png").stat().st_size > 0
