@@ -41,7 +41,7 @@ from trainer.node_config import JobSpec, render_job
 from trainer.runtime import layout, nodestate, procs, wire
 from trainer.runtime.hub import new_record
 from trainer.runtime.member import Member
-from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState
+from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, joined_with
 from trainer.runtime.plan import Member as Planned
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import JobRecord, NodeTimeline, Phase, Start, with_changes
@@ -119,7 +119,7 @@ class StandIn:
         self.last_report = time.time()
         return Report(says=says, node=self.node, term=self.term if term is None else term, addr=self.addr,
                       version=0 if self.claims_nothing else self.record.version, trainer=self.trainer, trouble=None,
-                      progress=None, port_offer=None, record=self.record if says == Says.JOIN else None, pace=None,
+                      progress=None, port_offer=None, record=joined_with(says, self.record), pace=None,
                       timeline=self.timeline)
 
     def adopt(self, reply: RecordReply) -> None:
@@ -237,17 +237,20 @@ class Fleet:
         started = json.loads(out)
         self.pid, self.addr = int(started["pid"]), str(started["addr"])
 
-    async def join(self, batch: int = 16) -> float:
-        """Every stand-in follows the hub, ``batch`` a second (each join sends the member's record and gets the
-        hub's: both name every member); seconds until every member holds a record with every member's address."""
-        started = time.monotonic()
+    async def join(self, batch: int = 16) -> dict[str, float]:
+        """Every stand-in follows the hub, ``batch`` a second (as a launch starts the supervisors: a few at a
+        time); until every member holds a record with every member's address: the seconds, the hub's CPU seconds,
+        and the bytes the hub sent and received."""
+        started, cpu = time.monotonic(), cpu_seconds(self.pid)
         for first in range(0, len(self.standins), batch):
             for each in self.standins[first:first + batch]:
                 self.tasks.append(asyncio.get_running_loop().create_task(each.follow(self.addr)))
             await asyncio.sleep(1.0)
         await self.until(lambda: all(len(s.record.directory) == len(self.plan.members) for s in self.standins),
                          self.patience(), "every member to hold a record with every address")
-        return time.monotonic() - started
+        sent, received = socket_bytes(int(self.addr.rsplit(":", 1)[1]))  # the members' links are still the joins'
+        return {"join_s": time.monotonic() - started, "join_hub_cpu_s": cpu_seconds(self.pid) - cpu,
+                "join_to_members_B": sent, "join_from_members_B": received}
 
     async def until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -354,10 +357,10 @@ async def measure(members: int, heartbeat: float = HEARTBEAT_S, before: bool = F
         try:
             fleet.start_hub()
             joined = await fleet.join()
-            progress(f"{members} members joined in {joined:.1f} s")
+            progress(f"{members} members joined: {joined}")
             await asyncio.sleep(fleet.timings.report_every)  # every member has the last address's record
             found: dict[str, float | None] = {
-                "members": members, "heartbeat_s": heartbeat, "join_s": joined,
+                "members": members, "heartbeat_s": heartbeat, **joined,
                 "record_B": len(wire.canonical(fleet.newest().to_json())),
                 **await fleet.steady(periods)}
             progress(f"{members} members: steady {found}")
@@ -392,13 +395,16 @@ def shown(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 def table(rows: list[dict[str, float | None]]) -> str:
     lines = ["| members | heartbeat timeout, s | record, kB | to members, kB/period | from members, kB/period | "
              "reports/period | unchanged/period | hub CPU, s/s | killed trainer named, s | silent member named, s | "
-             "next attempt at every member, median / max s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "next attempt at every member, median / max s | join: s, hub CPU s, MB to / from members |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['members']} | {shown(r['heartbeat_s'], digits=0)} | {shown(r['record_B'], 1e3)} | "
                      f"{shown(r['to_members_B'], 1e3)} | {shown(r['from_members_B'], 1e3)} | "
                      f"{shown(r['reports'], digits=0)} | {shown(r['unchanged'], digits=0)} | "
                      f"{shown(r['hub_cpu'], digits=2)} | {shown(r['detect_s'])} | {shown(r['silent_s'])} | "
-                     f"{shown(r['propagate_median_s'])} / {shown(r['propagate_max_s'])} |")
+                     f"{shown(r['propagate_median_s'])} / {shown(r['propagate_max_s'])} | "
+                     f"{shown(r['join_s'], digits=0)}, {shown(r['join_hub_cpu_s'])}, "
+                     f"{shown(r['join_to_members_B'], 1e6)} / {shown(r['join_from_members_B'], 1e6)} |")
     return "\n".join(lines)
 
 

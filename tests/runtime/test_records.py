@@ -14,7 +14,18 @@ from tests.runtime.test_plan import job, plans
 from trainer.runtime import schema, wire
 from trainer.runtime.hub import new_record
 from trainer.runtime.listener import Listener
-from trainer.runtime.messages import IDLE, Mode, NodeState, NotHub, RecordReply, Report, Says, read_reply, read_report
+from trainer.runtime.messages import (
+    IDLE,
+    Mode,
+    NodeState,
+    NotHub,
+    RecordReply,
+    Report,
+    Says,
+    joined_with,
+    read_reply,
+    read_report,
+)
 from trainer.runtime.record import SCHEMA, Cause, End, EndState, JobRecord, Kind, Phase, RecordError
 
 IDLE_REPLY = NotHub(says=Says.NOT_HUB, hub="n0", term=0, searching=False, addr=None)
@@ -85,8 +96,8 @@ def test_a_members_message_is_checked_at_the_door() -> None:
     assert read_report(report()).progress == {"state": "running", "step": 5}
     join = read_report(report(says="join", record=a_record().to_json()))
     assert join.record == a_record()
-    for bad, said in [(report(says="join"), "a join carries the member's record"),
-                      (report(record=a_record().to_json()), "a join carries the member's record"),
+    assert read_report(report(says="join")).record is None  # a member holding the launch's record sends none
+    for bad, said in [(report(record=a_record().to_json()), "a join carries the member's record"),
                       (report(trainer={**schema.dump(IDLE), "state": "exploded"}), "trainer: state: 'exploded'"),
                       (report(says="record"), "a member says join or report"),
                       (report(progress=[1, 2]), "progress: expected an object"),
@@ -146,3 +157,14 @@ def test_the_listener_encodes_each_record_once_and_every_answer_as_its_canonical
     assert listener.payload_text is kept and kept[0] is record  # the same record: its text was not made again
     listener.encode(RecordReply(says=Says.RECORD, record=record.changed(), changes=None, progress=None))
     assert listener.payload_text[0] is not record  # a new version: encoded anew
+
+
+def test_a_join_carries_the_members_record_unless_it_is_the_launchs() -> None:
+    """Every node makes the launch's record from the plan and no hub adopts it: a launch's joins carry none (at 1,024
+    members each would be 45 kB for the hub to read and check); a record that heard a hub goes with the join."""
+    launch = new_record(plans(job(["/home/a", "/home/b"]))["n1"], 1.7e9)
+    assert launch.from_launch() and joined_with(Says.JOIN, launch) is None
+    heard = a_record()
+    assert not heard.from_launch() and joined_with(Says.JOIN, heard) == heard
+    assert joined_with(Says.REPORT, heard) is None
+    assert not dataclasses.replace(launch, term=1).from_launch()  # a takeover's first record

@@ -37,6 +37,7 @@ from trainer.runtime.pace import PaceBook, rounded
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.policy import Action, decide
 from trainer.runtime.record import (
+    LAUNCH_VERSION,
     SCHEMA,
     Attempt,
     Cause,
@@ -67,9 +68,9 @@ def new_record(plan: NodePlan, wall: float) -> JobRecord:
     assignment = {m.name: m.rank for m in plan.trainers if m.rank is not None}
     rendezvous = f"tcp://{layout.url_host(plan.trainers[0].ip)}:{plan.port}"
     return JobRecord(
-        schema=SCHEMA, version=1, job=plan.job, term=0, hub=plan.members[0].name, attempt=0, phase=Phase.RUNNING,
-        assignment=assignment, rendezvous=rendezvous, world_urls=world_urls(plan, assignment), directory={},
-        restarts=0, max_restarts=plan.restarts.max_restarts, lost={},
+        schema=SCHEMA, version=LAUNCH_VERSION, job=plan.job, term=0, hub=plan.members[0].name, attempt=0,
+        phase=Phase.RUNNING, assignment=assignment, rendezvous=rendezvous, world_urls=world_urls(plan, assignment),
+        directory={}, restarts=0, max_restarts=plan.restarts.max_restarts, lost={},
         attempts=(Attempt(attempt=0, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=None,
                           stopped_at=None, nodes={}),),
         first_failure=None, detected_at=None, failed_step=None, waiting="", end=None, stragglers={}, spent=(),

@@ -91,15 +91,22 @@ class Report:
     trouble: Trouble | None
     progress: JsonObject | None  # rank 0's status.json (only the rank-0 node sends it)
     port_offer: int | None  # a free port here: the next attempt's rendezvous if this node gets rank 0
-    record: JobRecord | None  # a join: the record this member holds (a hub that took over learns the job from it)
+    record: JobRecord | None  # a join: the record this member holds, but the launch's (a hub that took over learns
+    # the job from it: joined_with)
     pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.pace)
     timeline: NodeTimeline | None  # its trainer's timeline in its attempt (the trainer's attempt)
 
     def __post_init__(self) -> None:
         if self.says not in (Says.JOIN, Says.REPORT):
             raise ValueError(f"a member says join or report, not {self.says}")
-        if (self.record is not None) != (self.says == Says.JOIN):
+        if self.record is not None and self.says != Says.JOIN:
             raise ValueError("a join carries the member's record, a report does not")
+
+
+def joined_with(says: Says, record: JobRecord) -> JobRecord | None:
+    """The record a member's message carries: a join's, unless it is the launch's (every node makes that one from the
+    plan, and no hub adopts it: so a launch's joins cost the hub no record to read, whatever the job's size)."""
+    return record if says == Says.JOIN and not record.from_launch() else None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from trainer.runtime.pace import Effort
 from trainer.runtime.schema import JsonObject
 
 SCHEMA = 2
+LAUNCH_VERSION = 1  # the record every node makes from the plan before it hears a hub (trainer.runtime.hub.new_record)
 
 
 class Phase(StrEnum):
@@ -205,6 +206,10 @@ class JobRecord:
 
     def to_json(self) -> dict[str, Any]:
         return typing.cast(dict[str, Any], schema.dump(self))
+
+    def from_launch(self) -> bool:
+        """The record as every node makes it from the plan, before it hears a hub: no hub learns anything from it."""
+        return (self.term, self.version) == (0, LAUNCH_VERSION)
 
     def newer_than(self, other: JobRecord) -> bool:
         """A later hub's term first, then the version."""

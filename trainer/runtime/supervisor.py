@@ -47,7 +47,7 @@ from trainer.runtime.hubhost import HubHost
 from trainer.runtime.listener import Listener
 from trainer.runtime.log import Once, say
 from trainer.runtime.member import Member, Outcome
-from trainer.runtime.messages import Mode, NodeState, NotHub, RecordReply, Reply, Report, Says
+from trainer.runtime.messages import Mode, NodeState, NotHub, RecordReply, Reply, Report, Says, joined_with
 from trainer.runtime.node import Node
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import End, EndState, Kind, with_changes
@@ -195,7 +195,7 @@ class Supervisor:
         return Report(says=says, node=self.me, term=self.term if term is None else term, addr=self.listener.addr,
                       version=self.record.version, trainer=self.node.trainer, trouble=self.node.trouble,
                       progress=self.node.progress() if rank0 else None, port_offer=self.node.port_offer(),
-                      record=self.record if says == Says.JOIN else None, pace=self.node.pace(),
+                      record=joined_with(says, self.record), pace=self.node.pace(),
                       timeline=self.node.timeline())
 
     def adopt(self, reply: RecordReply) -> None:
