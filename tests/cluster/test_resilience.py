@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -285,23 +286,23 @@ def test_a_data_error_at_epoch_2_ends_the_job_in_one_message_without_a_restart(c
     data = node1.home / "data" / "vidcluster-test"
     saved = data.with_name("vidcluster-test-saved")
     play = launch(cluster, job)
+    bad = data.with_name("vidcluster-test-garbage")  # the same lists, every training video garbage
+    for video in (data / "train").rglob("*.mp4"):
+        garbage = bad / video.relative_to(data)
+        garbage.parent.mkdir(parents=True, exist_ok=True)
+        garbage.write_bytes(b"not a video" * 100)
+    for listed in data.glob("*.txt"):
+        (bad / listed.name).write_bytes(listed.read_bytes())
     try:
         wait_for_epoch(node0, job, 1, play)
-        data.rename(saved)  # every training video of node1, from now on, is garbage
-        (data / "train").mkdir(parents=True)
-        for video in (saved / "train").rglob("*.mp4"):
-            garbage = data / video.relative_to(saved)
-            garbage.parent.mkdir(parents=True, exist_ok=True)
-            garbage.write_bytes(b"not a video" * 100)
-        for listed in saved.glob("*.txt"):
-            (data / listed.name).write_bytes(listed.read_bytes())
+        data.rename(saved)  # every training video of node1, from now on, is garbage: swapped in at once, so the
+        bad.rename(data)  # trainer never finds its lists or folder missing (a crash, which a restart would follow)
         out = finish(play)
     finally:
         if saved.exists():
-            import shutil
-
             shutil.rmtree(data, ignore_errors=True)
             saved.rename(data)
+        shutil.rmtree(bad, ignore_errors=True)
     assert play.returncode != 0
     assert "The job failed: node1 failed first: its trainer rejected its input (exit status 2" in flat(out), (
         out[-4000:])
