@@ -353,3 +353,24 @@ def test_a_kill_is_named_at_once_and_a_plain_exit_after_the_settling_time() -> N
     exited.now += exited.hub.timings.settle
     exited.hub.tick(exited.now, exited.wall)
     assert exited.record.phase == "stopping"
+
+
+def test_a_bad_input_whose_trainer_exits_after_its_peer_parked_ends_the_job_without_a_restart() -> None:
+    """n1's trainer rejects its input; its collective breaks as it begins to exit, so n0's trainer parks first, and n1's
+    exit (its loader workers, its group) outlasts the settling time: the hub names the park and stops the attempt.
+    When n1's exit arrives it is the cause, and the job ends: a restart cannot fix a bad input (slow lane, CI)."""
+    j = Job(plan(nodes=2, spares=1))
+    j.tick(3, "n0", "n1", "n2")
+    j.trainers["n0"] = dataclasses.replace(j.trainers["n0"], state=TrainerState.PARKED, ended=j.wall)
+    j.report("n0", "n1", "n2")
+    j.hub.tick(j.now, j.wall)
+    j.now += j.hub.timings.settle
+    j.hub.tick(j.now, j.wall)
+    assert j.record.phase == "stopping" and j.record.first_failure.kind == "parked", j.record.first_failure
+    j.now, j.wall = j.now + 1, j.wall + 1
+    j.exit("n1", 2)
+    j.report("n0", "n1", "n2")
+    j.hub.tick(j.now, j.wall)
+    assert j.record.end is not None and j.record.end.state == "failed", j.record
+    assert j.record.attempt == 0 and j.record.restarts == 0
+    assert (j.record.first_failure.node, j.record.first_failure.kind) == ("n1", "rejected")

@@ -10,7 +10,8 @@ Phases of an attempt:
               a frozen trainer, a member silent for the heartbeat timeout): the hub names the first failure
               (trainer.runtime.verdict) and stops the attempt, at once when it is a kill, a freeze, a loss, a bad
               input or a stop, else after a short settling time (its cause may still arrive);
-    stopping  every assigned member stops its trainer; one that does not confirm within the grace time is lost.
+    stopping  every assigned member stops its trainer; one that does not confirm within the grace time is lost (a
+              trainer that rejected its input and exits only now, after its peers parked, is named the cause).
               Then the policy (trainer.runtime.policy) ends the job, restarts it, or waits;
     waiting   for a lost node to come back (no spare), or for a majority of members to start the next attempt;
     ended     ``record.end`` says how.
@@ -32,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from trainer.runtime import goodput, layout, schema, straggler
+from trainer.runtime.contract import EXIT_REJECTED
 from trainer.runtime.messages import Report, Trainer, TrainerState
 from trainer.runtime.pace import PaceBook, rounded
 from trainer.runtime.plan import NodePlan
@@ -317,6 +319,7 @@ class Hub:
             silent = self._silent(view, now)
             if silent is None and view.running() and now > deadline:
                 silent = "it did not confirm that its trainer stopped"
+            trainer = view.trainer(self.record.attempt)
             if silent is not None:
                 lost[node] = silent
                 # A node lost for good shows first as its peers' exits (their collective broke at once), and only
@@ -326,6 +329,11 @@ class Hub:
                     self._fail(Failure(node, Kind.LOST, silent, last))
             elif view.running():
                 pending.append(node)
+            elif trainer is not None and trainer.state == TrainerState.EXITED and trainer.rc == EXIT_REJECTED:
+                # A trainer that rejected its input may take longer to exit than its peers to park (their collective
+                # broke as it began to): no stop makes a trainer exit so, so it is the cause, and no restart follows.
+                kind, reason = exit_failure(trainer.rc)
+                self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
         if lost != self.record.lost:
             self.lost_at.update({node: now for node in lost if node not in self.lost_at})
             self._change(lost=lost)
