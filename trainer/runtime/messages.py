@@ -2,10 +2,10 @@
 node's own state: typed values, each body checked at the door (``read_report``, ``read_reply``; trainer.runtime.schema)
 and refused when it does not fit.
 
-A member says (``Report``) ``join`` on a new connection, with the record it holds, then ``report`` every
-``report_every`` seconds (trainer.runtime.timing), and at once when its trainer starts, exits or fails. The hub answers
-each with its record (``RecordReply``), or, when the report says the member holds the hub's record already, with
-``unchanged`` and no record, or, when the member holds a recent version, with the ``changes`` since
+A member says (``Report``) ``join`` on a new connection, with the record it holds once it has heard a hub, then
+``report`` every ``report_every`` seconds (trainer.runtime.timing), and at once when its trainer starts, exits or
+fails. The hub answers each with its record (``RecordReply``), or, when the report says the member holds the hub's
+record already, with ``unchanged`` and no record, or, when the member holds a recent version, with the ``changes`` since
 (trainer.runtime.record.Changes): the record names every member, so sending it on every report would cost the hub
 members² bytes per report period, and every member the whole record's reading at every change (trainer.runtime.hubhost).
 A supervisor that is not the hub answers where the hub is (``NotHub``) and closes the connection.
@@ -91,8 +91,8 @@ class Report:
     trouble: Trouble | None
     progress: JsonObject | None  # rank 0's status.json (only the rank-0 node sends it)
     port_offer: int | None  # a free port here: the next attempt's rendezvous if this node gets rank 0
-    record: JobRecord | None  # a join: the record this member holds, but the launch's (a hub that took over learns
-    # the job from it: joined_with)
+    record: JobRecord | None  # a join: the record this member holds, unless the launch's (joined_with); a hub that
+    # took over learns the job from it
     pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.pace)
     timeline: NodeTimeline | None  # its trainer's timeline in its attempt (the trainer's attempt)
 
