@@ -122,7 +122,7 @@ class StandIn:
                       progress=None, port_offer=None, record=joined_with(says, self.record), pace=None,
                       timeline=self.timeline)
 
-    def adopt(self, reply: RecordReply) -> None:
+    def adopt(self, reply: RecordReply) -> bool:
         """As a node's supervisor adopts the hub's answer (trainer.runtime.supervisor), counting its kinds."""
         self.answers[reply.says] += 1
         record = reply.record or with_changes(self.record, reply.changes)
@@ -130,6 +130,7 @@ class StandIn:
             self.record, self.term = record, max(self.term, record.term)
         self.heard_hub = time.monotonic()
         self.reconcile()
+        return self.record.end is not None
 
     def directory(self) -> dict[str, str]:
         return dict(self.record.directory)

@@ -17,15 +17,19 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.loopback import Job, loopback, wait_until
-from trainer.runtime import layout
+from tests.runtime.loopback import NET, SECRET, Job, loopback, wait_until
+from tests.runtime.test_plan import job, plans
+from trainer.runtime import layout, schema, wire
+from trainer.runtime.hub import new_record
 from trainer.runtime.member import Member
+from trainer.runtime.messages import IDLE, RecordReply, Report, Says
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import EndState
+from trainer.runtime.record import End, EndState, Phase, changes_from, step, with_changes
 from trainer.runtime.supervisor import Supervisor
 
 __all__ = ["loopback"]
 HEARTBEAT_TIMEOUT = 60.0  # the launcher's default: members report every 10 s while their trainers run
+KEY = wire.Keyring(SECRET)
 
 
 def with_watch(job: Job, **watch: float) -> None:
@@ -73,3 +77,71 @@ def test_a_member_whose_link_task_dies_is_started_again_by_the_tick(loopback: Ca
     said = capsys.readouterr().out
     assert said.count("the link to the hub failed (RuntimeError: a bug in the member's loop); starting it again") == 1
     assert len(calls) == 2 and job.record().end is not None and job.record().restarts == 0, said
+
+
+class EndsWhenItHoldsTheEnd:
+    """A member's supervisor at its quickest: done the moment it holds a record that ends the job (its trainer has
+    exited), and reporting only at its heartbeat (a minute away) otherwise."""
+
+    def __init__(self, plan: NodePlan) -> None:
+        self.plan = plan
+        self.record = new_record(plan, time.time())
+        self.heard_hub = time.monotonic()
+
+    def report(self, says: Says, term: int | None = None) -> Report:
+        return Report(says=says, node=self.plan.node, term=0, addr=f"{self.plan.me.ip}:1", version=self.record.version,
+                      trainer=IDLE, trouble=None, progress=None, port_offer=None, record=None, pace=None,
+                      timeline=None)
+
+    def adopt(self, reply: RecordReply) -> bool:
+        self.record = reply.record or with_changes(self.record, reply.changes) or self.record
+        return self.record.end is not None
+
+    def directory(self) -> dict[str, str]:
+        return {}
+
+    def is_done(self) -> bool:
+        return self.record.end is not None
+
+    def is_hub(self) -> bool:
+        return False
+
+    async def until_next_report(self) -> None:
+        await asyncio.sleep(HEARTBEAT_TIMEOUT / 6)
+
+
+@pytest.mark.parametrize("as_changes", [True, False], ids=["as-changes", "as-a-record"])
+def test_a_member_that_learns_the_end_tells_the_hub_at_once_before_its_supervisor_leaves(as_changes: bool) -> None:
+    """The hub's supervisor stays until every member holds the end: a member whose supervisor leaves the moment it
+    learns it must say so first, whether the end came whole or as the changes to its record (CI: the hub left a
+    heartbeat timeout, 60 s, after the end, having waited for a member that had left without a word)."""
+    plan = plans(job(["/home/a", "/home/b"], net=NET))["n1"]
+    local = EndsWhenItHoldsTheEnd(plan)
+    launch = local.record
+    ended = launch.changed(phase=Phase.ENDED, end=End(EndState.FINISHED, "trained to the end", None))
+    found = step(launch, ended)
+    assert found is not None
+    heard: list[int] = []
+
+    async def hub(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link, first = await wire.accept(reader, writer, KEY, wire.MAX_LINE)
+        heard.append(first["version"])
+        end = (RecordReply(says=Says.CHANGES, record=None, changes=changes_from(ended, launch.version, [found]),
+                           progress=None) if as_changes else
+               RecordReply(says=Says.RECORD, record=ended, changes=None, progress=None))
+        await link.send(schema.dump(end))
+        try:
+            heard.append((await link.recv(3))["version"])
+        except wire.Silent:
+            heard.append(-1)  # the member waits for its heartbeat
+
+    async def run() -> None:
+        server = await asyncio.start_server(hub, f"{NET}.10", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            follow = asyncio.create_task(Member(plan, KEY, local, print).follow(f"{NET}.10:{port}"))
+            await asyncio.wait({follow}, timeout=4)
+            follow.cancel()
+
+    asyncio.run(run())
+    assert heard == [launch.version, ended.version]

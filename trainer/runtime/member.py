@@ -30,7 +30,7 @@ class Local(Protocol):
 
     def report(self, says: Says, term: int | None = None) -> Report: ...
 
-    def adopt(self, reply: RecordReply) -> None: ...
+    def adopt(self, reply: RecordReply) -> bool: ...  # True: the record it now holds ends the job
 
     def directory(self) -> Mapping[str, str]: ...
 
@@ -102,11 +102,12 @@ class Member:
                 reply = read_reply(await link.recv(self.timings.reply_wait))
                 if not isinstance(reply, RecordReply):
                     return  # not the hub (any more)
-                self.local.adopt(reply)
-                if reply.record is None or reply.record.end is None or told_end:  # the end came as a record
-                    await self.local.until_next_report()
-                else:  # the hub stays until every member has the end: say so at once, before this node is done
+                if self.local.adopt(reply) and not told_end:
+                    # the hub stays until every member has the end (as a record or as changes): say so at once,
+                    # before this node is done and its supervisor leaves
                     told_end = True
+                else:
+                    await self.local.until_next_report()
                 await link.send(schema.dump(self.local.report(Says.REPORT)))
         finally:
             link.close()

@@ -198,8 +198,9 @@ class Supervisor:
                       record=joined_with(says, self.record), pace=self.node.pace(),
                       timeline=self.node.timeline())
 
-    def adopt(self, reply: RecordReply) -> None:
-        """The hub's answer: its record (newer ones only), or the changes to this one, and the run's progress."""
+    def adopt(self, reply: RecordReply) -> bool:
+        """The hub's answer: its record (newer ones only), or the changes to this one, and the run's progress.
+        Whether the record this node now holds ends the job."""
         record = reply.record or with_changes(self.record, reply.changes)
         if record is not None and record.job == self.record.job and record.newer_than(self.record):
             self.record = record
@@ -207,6 +208,7 @@ class Supervisor:
         self.progress = reply.progress
         self.heard_hub = time.monotonic()
         self.node.reconcile(self.record)
+        return self.record.end is not None
 
     def directory(self) -> Mapping[str, str]:
         return self.record.directory
