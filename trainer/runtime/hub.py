@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from trainer.runtime import goodput, layout, schema, straggler
-from trainer.runtime.contract import EXIT_REJECTED
 from trainer.runtime.messages import Report, Trainer, TrainerState
 from trainer.runtime.pace import PaceBook, rounded
 from trainer.runtime.plan import NodePlan
@@ -306,6 +305,16 @@ class Hub:
 
     # -- stopping and deciding -------------------------------------------------------------------------------------
 
+    def _check_rejected(self, node: str, view: MemberView, wall: float) -> None:
+        """A trainer that rejected its input may take longer to exit than its peers to park (their collective broke as
+        it began to): no stop makes a trainer exit so, so it is the cause, and no restart follows."""
+        trainer = view.trainer(self.record.attempt)
+        if trainer is None or trainer.state != TrainerState.EXITED:
+            return
+        kind, reason = exit_failure(trainer.rc)
+        if kind == Kind.REJECTED:
+            self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
+
     def _check_stopping(self, now: float, wall: float) -> None:
         deadline = self.phase_since + self.timings.confirm_stop
         lost = {**self.record.lost, **{f.node: f.reason for f in self.failures if f.kind == Kind.LOST}}
@@ -319,7 +328,6 @@ class Hub:
             silent = self._silent(view, now)
             if silent is None and view.running() and now > deadline:
                 silent = "it did not confirm that its trainer stopped"
-            trainer = view.trainer(self.record.attempt)
             if silent is not None:
                 lost[node] = silent
                 # A node lost for good shows first as its peers' exits (their collective broke at once), and only
@@ -329,11 +337,8 @@ class Hub:
                     self._fail(Failure(node, Kind.LOST, silent, last))
             elif view.running():
                 pending.append(node)
-            elif trainer is not None and trainer.state == TrainerState.EXITED and trainer.rc == EXIT_REJECTED:
-                # A trainer that rejected its input may take longer to exit than its peers to park (their collective
-                # broke as it began to): no stop makes a trainer exit so, so it is the cause, and no restart follows.
-                kind, reason = exit_failure(trainer.rc)
-                self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
+            else:
+                self._check_rejected(node, view, wall)
         if lost != self.record.lost:
             self.lost_at.update({node: now for node in lost if node not in self.lost_at})
             self._change(lost=lost)
