@@ -13,7 +13,7 @@ from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
 from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, Trouble, read_reply
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import Changes, JobRecord, NodeTimeline, Start, with_changes
+from trainer.runtime.record import Changes, JobRecord, Kind, NodeTimeline, Start, with_changes
 
 HT = 60.0  # the plans' heartbeat timeout
 
@@ -374,3 +374,30 @@ def test_a_bad_input_whose_trainer_exits_after_its_peer_parked_ends_the_job_with
     assert j.record.end is not None and j.record.end.state == "failed", j.record
     assert j.record.attempt == 0 and j.record.restarts == 0
     assert (j.record.first_failure.node, j.record.first_failure.kind) == ("n1", "rejected")
+
+
+def test_a_stop_that_comes_after_the_last_step_ends_the_job_finished_not_stopped() -> None:
+    # A user's stop or Slurm's time limit while the trainers finish their last epoch (the final evaluation): they exit
+    # 0. The job trained to the end: it finished (under Slurm: no requeue into an allocation with nothing to do).
+    for kind in (Kind.STOPPED, Kind.PREEMPTED):
+        j = Job(plan())
+        j.tick(3, "n0", "n1")
+        j.troubles = {n: Trouble(attempt=0, kind=kind, reason="asked", at=j.wall) for n in ("n0", "n1")}
+        j.tick(1, "n0", "n1")
+        assert j.record.phase == "stopping", kind
+        j.exit("n0", 0)
+        j.exit("n1", 0)
+        j.tick(1, "n0", "n1")
+        assert j.record.end is not None and j.record.end.state == "finished", (kind, j.record.end)
+        assert j.record.restarts == 0 and "before it could stop" in j.record.end.reason
+
+
+def test_a_stop_that_came_in_time_is_not_a_finish() -> None:
+    j = Job(plan())
+    j.tick(3, "n0", "n1")
+    j.troubles = {n: Trouble(attempt=0, kind=Kind.STOPPED, reason="asked", at=j.wall) for n in ("n0", "n1")}
+    j.tick(1, "n0", "n1")
+    j.exit("n0", 75)
+    j.exit("n1", 75)
+    j.tick(1, "n0", "n1")
+    assert j.record.end is not None and j.record.end.state == "stopped"

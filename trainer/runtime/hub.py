@@ -12,7 +12,8 @@ Phases of an attempt:
               input or a stop, else after a short settling time (its cause may still arrive);
     stopping  every assigned member stops its trainer; one that does not confirm within the grace time is lost (a
               trainer that rejected its input and exits only now, after its peers parked, is named the cause).
-              Then the policy (trainer.runtime.policy) ends the job, restarts it, or waits;
+              Then, if every trainer exited 0 (the stop, a user's or a preemption, came after the last step), the
+              job finished; else the policy (trainer.runtime.policy) ends the job, restarts it, or waits;
     waiting   for a lost node to come back (no spare), or for a majority of members to start the next attempt;
     ended     ``record.end`` says how.
 
@@ -233,8 +234,18 @@ class Hub:
         """The wall-clock time the hub last heard the member (or started, if it never did)."""
         return wall - (now - (view.heard if view.heard is not None else self.started))
 
+    def _trained_to_the_end(self) -> bool:
+        """Every node's trainer of this attempt exited 0: the job trained to the end, whatever was asked of it after
+        its last step (a stop or a preemption that came too late to stop anything)."""
+        attempt = self.record.attempt
+        return all((trainer := self.members[node].trainer(attempt)) is not None
+                   and trainer.state == TrainerState.EXITED and trainer.rc == 0 for node in self.record.assignment)
+
     def _check_running(self, now: float, wall: float) -> None:
-        attempt, finished = self.record.attempt, []
+        attempt = self.record.attempt
+        if self._trained_to_the_end():
+            self._end(EndState.FINISHED, f"attempt {attempt} trained to the end on every node", wall)
+            return
         joined = all(view.heard is not None for view in self.members.values())
         if not self.has_quorum(now) and (joined or now - self.started > self.join_timeout):
             # Nodes the hub cannot hear may be training without it: stop this attempt before they could start one.
@@ -252,18 +263,12 @@ class Hub:
                 self._fail(Failure(node, Kind.LOST, lost, self._last_sign(view, now, wall)))
             elif trouble is not None and trouble.attempt == attempt:
                 self._fail(Failure(node, trouble.kind, trouble.reason, trouble.at))
-            elif trainer is not None and trainer.state == TrainerState.EXITED:
-                if trainer.rc == 0:
-                    finished.append(node)
-                else:
-                    kind, reason = exit_failure(trainer.rc)
-                    self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
+            elif trainer is not None and trainer.state == TrainerState.EXITED and trainer.rc != 0:
+                kind, reason = exit_failure(trainer.rc)
+                self._fail(Failure(node, kind, reason, trainer.ended or wall, trainer.rc))
             elif trainer is not None and trainer.state == TrainerState.PARKED:
                 self._fail(Failure(node, Kind.PARKED, "its trainer lost its peers and waits in place for the next "
                                    "attempt", trainer.ended or wall))
-        if len(finished) == len(self.record.assignment):
-            self._end(EndState.FINISHED, f"attempt {attempt} trained to the end on every node", wall)
-            return
         if not self.failures:
             return
         if self.first_seen is None:
@@ -349,7 +354,11 @@ class Hub:
         if not pending:
             if self.stopped_at is None:
                 self.stopped_at = wall
-            self._decide(now, wall)
+            if self._trained_to_the_end():
+                self._end(EndState.FINISHED, f"attempt {self.record.attempt} trained to the end on every node "
+                          f"before it could stop ({words(first or named)})", wall)
+            else:
+                self._decide(now, wall)
 
     def _available(self, now: float) -> list[str]:
         """Members that could join the next attempt: heard recently, not lost, not named a straggler, trainer not

@@ -163,7 +163,8 @@ class Supervisor:
         else:
             if self.record.end is not None and not self.node.running:
                 self.finish(self.record.end)
-            if self.node.stop_asked and not self.node.running:
+            if self.node.stop_asked and not self.node.running and self.node.trainer.rc != 0:
+                # (a trainer that exited 0 trained to the end before the stop could: the hub's record says finished)
                 trouble = self.node.trouble
                 self.finish(End(EndState.STOPPED, trouble.reason if trouble else "stopped", None))
             self.keep_member_alive()
