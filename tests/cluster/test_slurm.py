@@ -39,6 +39,7 @@ from tests.cluster.conftest import (
     LocalCluster,
     Node,
     changed_total,
+    cpu_quota,
     finish,
     flat,
     link_names,
@@ -47,6 +48,7 @@ from tests.cluster.conftest import (
     run_playbook,
     trainer_pid,
 )
+from trainer.runtime.layout import STOP_REQUEST_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -399,28 +401,37 @@ def as_admin(cluster: LocalCluster, *args: str) -> str:
 
 def test_a_time_limit_shorter_than_the_training_requeues_without_losing_a_step(cluster: LocalCluster,
                                                                               reference: dict) -> None:
-    # Slurm's smallest limit (1 minute), the signal asked 10 s before it; Slurm looks every 30 s, so it comes 20 to
-    # 50 s into a run: a training sized from the reference's epochs (timed beside the kill job: alone it may train
-    # up to twice as fast) to last 100 s is stopped in its first run. Once requeued, the administrator lifts the
-    # limit, so that the second run finishes whatever this machine's speed.
+    # Slurm's smallest limit (1 minute), the signal asked 10 s before it; Slurm looks every 30 s, so it comes 50 to
+    # 80 s into a run. However fast this machine trains, the first run must still be training then, and must have
+    # trained a step: once its first epoch is done every compute node is held to a sliver of a CPU (a slow fleet)
+    # until the signal's stop request reaches a node, which then checkpoints at full speed before Slurm's kill. Once
+    # requeued, the administrator lifts the limit, so that the second run finishes whatever this machine's speed.
     job = f"{cluster.name}-limit"
-    epochs = max(EPOCHS, round(100 / reference["epoch_s"]))
+    epochs = max(EPOCHS, round(40 / reference["epoch_s"]))
     play = launch(cluster, job, epochs, "-e", "vidcluster_slurm_time=1", "-e", "vidcluster_slurm_signal_seconds=10")
+    wait_for_epoch(cluster, job, 1, play)
+    stop_requests = [job_dir(cluster, job) / node.name / STOP_REQUEST_FILE for node in compute(cluster)]
     deadline = time.monotonic() + 180
-    while not (job_dir(cluster, job) / "login" / "slurm.json").exists() or not (
-            account(cluster, job).get("next") or len(account(cluster, job)["allocations"]) > 1):
+    with contextlib.ExitStack() as slowed:
+        for node in compute(cluster):
+            slowed.enter_context(cpu_quota(node, 0.1))
+        while not any(request.exists() for request in stop_requests):
+            assert play.poll() is None and time.monotonic() < deadline, f"{job} was not stopped at its time limit"
+            time.sleep(0.2)
+    while not account(cluster, job).get("next") and len(account(cluster, job)["allocations"]) < 2:
         assert play.poll() is None and time.monotonic() < deadline, f"{job} was not requeued at its time limit"
         time.sleep(0.5)
     as_admin(cluster, "scontrol", "update", f"JobId={account(cluster, job)['slurm_job']}", "TimeLimit=UNLIMITED")
     out = finish(play, timeout=600)
     assert f"Job {job} finished" in flat(out), out[-4000:]
     allocations = account(cluster, job)["allocations"]
-    assert len(allocations) >= 2 and all(a["ended"]["action"] == "requeue" for a in allocations[:-1])
+    assert len(allocations) >= 2 and all(a["ended"]["action"] == "requeue" for a in allocations[:-1]), allocations
     assert "time limit is near" in allocations[0]["ended"]["why"]
     shown, runs = slurm_view(cluster, job)
     assert f" Restarts={len(allocations) - 1} " in shown and len(runs) == len(allocations)
     resumed = [a for a in attempts(job) if a["cause"] == "preempted"]
-    assert resumed and all(a["steps_lost"] == 0 for a in resumed), resumed  # checkpointed at the step it stopped at
+    # checkpointed at the step it stopped at
+    assert resumed and all(a["steps_lost"] == 0 for a in resumed), (attempts(job), allocations)
     for node in allocations[0]["members"]:  # every rank checkpointed and stopped with the checkpoint's status
         assert "the trainer exited with status 75" in (job_dir(cluster, job) / node / "train.log").read_text()
     assert digest(job)
