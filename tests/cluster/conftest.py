@@ -4,6 +4,7 @@ own sshd, built and torn down by playbooks/local-cluster.yml. Needs root."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import itertools
 import json
@@ -12,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,13 +359,18 @@ def cpu_quota(node: Node, fraction: float) -> Iterator[None]:
         _move_to_cgroup(group, _netns_pids(node))
         yield
     finally:
-        # A process forked while the first pass ran may have joined the group; move until none is left in it.
-        for _ in range(5):
-            members = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
-            if not members:
+        # A process forked while a pass ran joins the group, and one that died stays in it until its parent reaps
+        # it (it cannot be moved): move and retry until the group is empty.
+        deadline = time.monotonic() + 60
+        while True:
+            _move_to_cgroup(root, [int(pid) for pid in (group / "cgroup.procs").read_text().split()])
+            try:
+                group.rmdir()
                 break
-            _move_to_cgroup(root, members)
-        group.rmdir()
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 def node_job_dir(node: Node, job_id: str) -> Path:
