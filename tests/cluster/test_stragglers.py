@@ -49,12 +49,13 @@ pytestmark = pytest.mark.slow
 # machine gives it (6 to 20 steps a second); the other ends soon after its node is named.
 SWAP_EPOCHS, REPORT_EPOCHS = 120, 40
 SLOW_SHARE = 0.15  # of one CPU, for the slowed host; each trainer otherwise has most of a core of this machine's two
+THRESHOLD = 0.7  # a node is slow while its pace is below this
 WINDOW = 12  # seconds a node stays slow before it is named; its pace is measured over a quarter of it (3.3 s at least)
 LAUNCH_ARGS = (
     "-e", "config=i3d_cpu_test",
     *FAST_JOB_ARGS,
     "-e", "ddp_config_node_wait=30",
-    "-e", "vidcluster_straggler_threshold=0.7",
+    "-e", f"vidcluster_straggler_threshold={THRESHOLD}",
     "-e", f"vidcluster_straggler_window={WINDOW}",
     "-e", "vidcluster_straggler_cooldown=0",
     # No standby processes: on a real node a standby's imports take one core of many; here they would take one of
@@ -190,7 +191,7 @@ def test_a_slowed_node_is_named_and_swapped_for_the_spare_and_the_pace_comes_bac
     # The pace came back: above the straggler threshold against the pace before. (The goal, 0.8x, is met in
     # the README's runs, 1.09-1.26x; one clean-clone slow lane measured 0.79x with the other worker's scenario in
     # the after window: this machine's two cores are shared, so the test asserts what the hub itself would accept.)
-    assert after >= 0.7 * before, (before, after)
+    assert after >= THRESHOLD * before, (before, after)
     assert json.loads((REPO / "runs" / job / "status.json").read_text())["state"] == "finished"
 
 
