@@ -80,6 +80,18 @@ def test_every_trainer_exits_0_and_the_job_has_finished() -> None:
     assert j.record.end.state == "finished" and j.record.restarts == 0
 
 
+def test_one_trainer_done_while_another_still_trains_is_no_finish() -> None:
+    """n0's trainer has trained its last step and exited 0; n1's still runs its last epoch: the job goes on until it
+    has finished too."""
+    j = Job(plan())
+    j.tick(3, "n0", "n1")
+    j.exit("n0", 0)
+    j.tick(5, "n0", "n1")
+    assert j.record.end is None and j.record.phase == "running" and j.record.attempt == 0, j.record.end
+    j.exit("n1", 0)
+    j.tick(1, "n0", "n1")
+    assert j.record.end is not None and j.record.end.state == "finished"
+
 def test_a_killed_trainer_stops_the_attempt_and_the_job_restarts_on_a_fresh_rendezvous() -> None:
     j = Job(plan())
     j.tick(3, "n0", "n1")

@@ -5,6 +5,7 @@ and the record says who was named, who replaced whom, and where the job's time w
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 from pathlib import Path
@@ -243,3 +244,33 @@ def test_goodput_adds_up_to_the_wall_time_across_failures() -> None:
     # Young: sqrt(2 x 2 s per checkpoint x 500 s between failures) = 44.7 s; 60 s configured is close enough
     assert g.young_daly_s == pytest.approx(44.7, abs=0.1) and g.suggestion == ""
     assert "is far from" in goodput.suggestion(600.0, 44.7) and "CHECKPOINT_MINUTES 0)" in goodput.suggestion(0, 60)
+
+
+def test_each_part_of_goodput_comes_from_its_own_counters_and_a_straggler_swap_is_no_failure() -> None:
+    """Launched at 0, first batch at 20; killed at 100 (named at 103), trained again from 115 after a checkpoint 20
+    steps back; swapped out as a straggler at 200 (its checkpoint at the swap's step), trained again from 210; now 300.
+    Each part is its own sum of the inputs (not only the remainder that makes them add up)."""
+    record = Job(plan()).record
+    t0 = record.attempts[0].started_at
+
+    def after(n: int, kind: Kind, at: float, detected: float) -> Attempt:
+        cause = Cause("n1", kind, "...", t0 + at, detected_at=t0 + detected, detect_s=detected - at)
+        return dataclasses.replace(record.attempts[0], attempt=n, started_at=t0 + detected + 1, cause=cause)
+
+    first = effort(100, 50.0, sync=10.0, data_s=5.0, checkpoint_s=4.0, checkpoints=2, training_from=t0 + 20,
+                   checkpoint_every_s=60.0)
+    second = effort(100, 40.0, sync=20.0, data_s=3.0, checkpoint_s=2.0, checkpoints=1, start_step=80,
+                    training_from=t0 + 115, checkpoint_every_s=60.0)
+    third = effort(50, 30.0, sync=5.0, data_s=1.0, start_step=180, training_from=t0 + 210, checkpoint_every_s=60.0)
+    done = dataclasses.replace(record, attempts=(*record.attempts, after(1, Kind.KILLED, 100, 103),
+                                                 after(2, Kind.SLOW, 200, 200)), attempt=2,
+                               spent=(Spent(0, first), Spent(1, second)))
+    g = goodput.account(done, third, t0 + 300)
+    recomputed = 20 * (50.0 + 10.0) / 100  # the first attempt's last 20 steps, trained again by the second
+    assert (g.wall_s, g.startup_s, g.detection_s, g.restart_s) == (300, 20, 3, (115 - 103) + (210 - 200)), g
+    assert g.recomputed_s == recomputed, g
+    trained = (50.0 + 10.0 - recomputed) + (40.0 + 20.0) + (30.0 + 5.0)  # computing and syncing
+    assert (g.trained_s, g.checkpoint_s, g.data_s) == (trained, 4.0 + 2.0, 5.0 + 3.0 + 1.0), g
+    assert g.other_s == 300 - (20 + 3 + 22 + recomputed + trained + 6 + 9), g
+    # The kill is the one failure: Young's interval from 2 s per checkpoint and 300 s between failures.
+    assert g.failures == 1 and g.young_daly_s == pytest.approx(math.sqrt(2 * (6.0 / 3) * 300 / 1), abs=0.1), g

@@ -9,6 +9,7 @@ records of one uninterrupted run, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,11 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, finish, uninterrupted, wait_for
 from tests.trainer.test_train import REPO, free_port
+from trainer import inplace
+from trainer.inplace import InPlace
 from trainer.runtime import channel
 from trainer.runtime.channel import Join, Notice, ProcessReport, ProcState, Who
-from trainer.runtime.contract import CHANNEL_ENV, IN_PLACE_ENV, PARENT_ENV, STANDBY_ENV, TRAINER_ENV
+from trainer.runtime.contract import ATTEMPT_ENV, CHANNEL_ENV, IN_PLACE_ENV, PARENT_ENV, STANDBY_ENV, TRAINER_ENV
+from trainer.timeline import Timeline
 
 __all__ = ["uninterrupted"]
 URLS = ("127.0.0.1", "127.0.0.1")
@@ -170,3 +176,28 @@ def test_a_standby_whose_supervisor_died_while_it_imported_ends(tmp_path: Path) 
     finally:
         if not _gone(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_parked_survivor_is_not_handed_the_attempt_it_left_again(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parked out of attempt 1, a survivor finds the supervisor's notice that handed it attempt 1 still there: it keeps
+    waiting (here until it is stopped) and takes only a later attempt."""
+    monkeypatch.delenv(CHANNEL_ENV, raising=False)
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    monkeypatch.setenv(TRAINER_ENV, "1")  # restored after the test: taking an attempt sets it, as ATTEMPT_ENV
+    monkeypatch.setenv(ATTEMPT_ENV, "{}")
+    monkeypatch.setattr(inplace, "PROCESS", Timeline())  # this test's process account, written nowhere
+    folder = channel.make_folder(tmp_path / "channel")
+
+    def hand(attempt: int) -> None:
+        channel.write(folder / channel.NOTICE_FILE,
+                      Notice(over=1, join=dataclasses.replace(join(0, 5000, Who.SURVIVORS), attempt=attempt)))
+
+    hand(1)
+    looks = iter([False, False, True])  # it looks at the notice three times, then is stopped
+    with pytest.raises(inplace.ParentGone):
+        InPlace(str(folder)).next_attempt(1, lambda: next(looks))
+    hand(2)
+    deadline = time.monotonic() + 30
+    taken = InPlace(str(folder)).next_attempt(1, lambda: time.monotonic() > deadline)
+    assert taken.attempt == 2 and os.environ[TRAINER_ENV] == "2"
