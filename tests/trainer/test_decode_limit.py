@@ -33,6 +33,8 @@ from trainer.data import build_dataset, build_loader
 from trainer.data import decoders as decoders_module
 from trainer.data.decoders import BadVideo, ClipDecoder, DecodeTimeout
 from trainer.data.sampling import val_indices
+from trainer.engine import EpochTally, TrainState
+from trainer.resume import EpochProgress, rng_state
 
 LIMIT = 4.0  # seconds: far above a good 32x32 clip's decode on a loaded machine, short for a test to wait out
 
@@ -139,6 +141,28 @@ def test_dataloader_workers_share_what_ran_out_of_time(
     dataset.skip_timed_out([(videos[1], "cannot open: no video stream")])  # only a timeout is skipped
     assert "bad" not in dataset[1]
 
+
+def test_a_mid_epoch_checkpoint_knows_the_runs_bad_videos_and_every_ranks_so_far(tmp_path: Path) -> None:
+    """The run's record up to the last epoch, then each rank's tally of the epoch in progress, as a checkpoint file
+    holds them: all come back, each video with the first reason it was reported with (the record's, then rank 0's)."""
+    hung, missing, twice = "/v/hung.mp4", "/v/missing.mp4", "/v/twice.mp4"
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = TrainState(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+                       torch.amp.GradScaler("cpu", enabled=False))
+    tallies = [EpochTally.start(torch.device("cpu")) for _ in range(2)]
+    tallies[0].bad = [(twice, "decoding took longer than 4 s")]
+    tallies[1].bad = [(missing, "cannot open: no video stream"), (twice, "cannot open: the decoder's process died"),
+                      (hung, "cannot open: no video stream")]
+    ranks = [{"tally": tally.record(), "rng": rng_state(torch.device("cpu"))} for tally in tallies]
+    ckpt = checkpoint.build_checkpoint(model, state, epoch=1, best_top1=0.5, config_yaml="", metrics={}, inference={},
+                                       bad_videos=[[hung, "decoding took longer than 4 s"]],
+                                       progress=EpochProgress(1, 3, 0.1, ranks).record())
+    torch.save(ckpt, tmp_path / "epoch_0001_step_00000009.pth")
+    known = BadVideos.from_checkpoint(torch.load(tmp_path / "epoch_0001_step_00000009.pth", weights_only=True))
+    assert known.record() == [[hung, "decoding took longer than 4 s"], [missing, "cannot open: no video stream"],
+                              [twice, "decoding took longer than 4 s"]]
+    assert BadVideos.from_checkpoint(None).record() == []  # a fresh start knows none
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Whole runs

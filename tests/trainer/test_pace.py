@@ -21,6 +21,7 @@ STEPS = 8
 SLOW_S = 0.06  # rank 1's extra compute per step
 DATA_S = 0.02  # every rank's wait for each batch but the first
 STALL_S = 0.05  # a checkpoint at step 4
+EPOCH_END_S = 1.0  # between two epochs
 
 
 class Slowed(nn.Module):
@@ -82,3 +83,24 @@ def test_data_waits_and_checkpoint_stalls_are_counted_apart(efforts: list[dict[s
         assert (STEPS - 1) * DATA_S <= effort["data_s"] < (STEPS - 1) * DATA_S + 0.5, effort  # not the first batch
         assert STALL_S <= effort["checkpoint_s"] < STALL_S + 0.3 and effort["checkpoints"] == 1, effort
         assert effort["training_from"] > 1.7e9 and effort["checkpoint_every_s"] == 60.0
+
+
+def test_an_epochs_first_batch_is_no_data_wait() -> None:
+    """One process, two epochs of three steps, a long evaluation between them: only the waits for the batches after
+    each epoch's first count as data waits, not the epoch's end."""
+    clock = StepClock(torch.device("cpu"), start_step=0, checkpoint_every_s=0.0)
+    model = nn.Linear(4, 2)
+    clock.attach(model)
+    for epoch in range(2):
+        if epoch:
+            time.sleep(EPOCH_END_S)  # the evaluation, the epoch's checkpoint
+        clock.epoch_start()
+        for step in range(3):
+            if step:
+                time.sleep(DATA_S)
+            clock.batch_ready()
+            model(torch.ones(1, 4)).sum().backward()
+            clock.backward_done()
+            clock.step_done()
+    effort = clock.effort
+    assert effort.steps == 6 and 4 * DATA_S <= effort.data_s < 4 * DATA_S + EPOCH_END_S / 2, effort
