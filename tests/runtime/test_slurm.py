@@ -4,15 +4,18 @@ tests/cluster/test_slurm.py (the slow lane)."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.runtime.test_plan import job, plans
+from trainer.runtime import layout
 from trainer.runtime.hub import new_record
 from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, Phase
-from trainer.runtime.slurm import SlurmError, batch_script, cause, continued, requeue_cause
+from trainer.runtime.slurm import ACCOUNT_FILE, Batch, SlurmError, batch_script, cause, continued, judged, requeue_cause
 
 HOMES = ["/home/u"] * 3
 
@@ -62,6 +65,53 @@ def test_only_what_the_allocation_cannot_fix_is_requeued() -> None:
     why, counted = requeue_cause({"restarts": 0}, progress, None, "n0", 3) or ({}, None)
     assert (why["node"], why["kind"], counted) == ("n0", "lost", True) and why["at"] <= time.time()
 
+
+def test_an_allocation_that_ended_without_a_word_lost_its_batch_host_and_that_counts_as_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurm.json names an allocation with no end (its batch host, n0, died with the batch step: Slurm requeued the
+    job); its members' state files hold the record n0's hub last wrote. The next allocation's batch step (on n1) counts
+    n0's loss as a restart and continues that record from the step its members last reported."""
+    first = plans(job(HOMES))["n0"]
+    login = tmp_path / "jobs" / "k400-a" / "login"
+    login.mkdir(parents=True)
+    (login / layout.PLAN_FILE).write_text(first.to_json())
+    launched = new_record(first, 900.0)
+    hub = launched.changed(attempt=2, restarts=1, attempts=(*launched.attempts,) * 3)  # a restart inside it
+    for name, mode, record in (("n0", "hub", hub), ("n1", "member", launched), ("n2", "member", None)):
+        (login.parent / name).mkdir()
+        state = {"mode": mode, "record": record.to_json() if record else None, "progress": {"step": 37}}
+        (login.parent / name / layout.STATE_FILE).write_text(json.dumps(state))
+    allocation = {"restart": 0, "batch_host": "n0", "members": ["n0", "n1", "n2"], "started_at": 950.0}
+    (login / ACCOUNT_FILE).write_text(json.dumps({"slurm_job": "77", "allocations": [allocation],
+                                                  "record": launched.to_json(), "next": None,
+                                                  "outcome": None}))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    batch = Batch(str(login), {"trainers": 2})
+    batch.previous_allocation_lost()
+    assert batch.account["allocations"][0]["ended"]["action"] == "requeue"
+    record = continued(plans(job(HOMES))["n1"], batch.account["next"], 2000.0)
+    assert (record.attempt, record.restarts, record.phase) == (3, 2, Phase.RUNNING)
+    why = record.attempts[3].cause
+    assert why is not None and (why.node, why.kind, why.at, why.failed_step) == ("n0", Kind.LOST, 950.0, 37)
+    batch.previous_allocation_lost()  # an allocation that has ended is not lost again
+    assert continued(first, batch.account["next"], 2000.0).restarts == 2
+
+
+def test_the_status_after_the_end_on_record_waits_for_the_batch_steps_decision_and_nothing_trains() -> None:
+    launched = new_record(plans(job(HOMES))["n0"], 900.0)
+    running = {"job_id": "77", "state": "RUNNING", "reason": "None"}
+    assert judged(launched, launched, None, None, running, "77") == ("running", launched, True)
+    done = JobRecord.read(ended("failed", "lost"))  # its end on record: a requeue may follow, or the end stands
+    state, record, training = judged(done, launched, None, None, running, "77")
+    assert (state, training, record.phase, record.end) == ("running", False, Phase.WAITING, None)
+    assert record.waiting == "the batch step's decision after the end on record (failed: why)"
+    state, record, training = judged(done, launched, None, {"state": "failed", "reason": "no spare"}, None, "77")
+    assert (state, training, record.end) == ("failed", False, done.end)
+    state, record, training = judged(None, launched, None, None, {**running, "state": "PENDING"}, "77")
+    assert (state, training, record.waiting) == ("running", False, "Slurm: job 77 PENDING (None)")
 
 def test_the_batch_script_asks_slurm_for_requeue_the_signal_and_every_node() -> None:
     login = plans(job(HOMES))["n0"]

@@ -493,6 +493,31 @@ def queue_state(slurm_job: str) -> dict[str, Any] | None:
             "time_limit": fields.get("TimeLimit", ""), "restarts": int(fields.get("Restarts", "0") or 0)}
 
 
+def judged(known: JobRecord | None, launched: JobRecord, previous: JobRecord | None,
+           outcome: dict[str, Any] | None, queue: dict[str, Any] | None, slurm_job: str) -> tuple[str, JobRecord, bool]:
+    """(the job's state, the record its status shows, whether its trainers run now), from the freshest record the
+    members or the batch step hold (``known``; else the launch's), the batch step's ``outcome``, and Slurm's
+    ``queue`` (queue_state's; None: Slurm no longer knows the job). While the job is in Slurm's hands its record
+    (``previous``: the one a requeue continues, else the known one) waits, and says for what."""
+    record = known or launched
+    if outcome:
+        state = outcome["state"]
+        return state, record if record.end is not None else record.changed(
+            end=End(EndState(state), outcome["reason"], None)), False
+    if queue is not None and queue["state"] in LIVE:
+        training = queue["state"] == "RUNNING" and known is not None and record.end is None
+        if training:
+            return "running", record, True
+        waiting = (f"the batch step's decision after the end on record ({record.end.state}: {record.end.reason})"
+                   if record.end is not None and queue["state"] == "RUNNING"
+                   else f"Slurm: job {queue['job_id']} {queue['state']} ({queue['reason'] or 'None'})")
+        return "running", (previous or record).changed(phase=Phase.WAITING, end=None, waiting=waiting), False
+    gone = queue["state"] if queue else "gone from Slurm's queue"
+    state = "stopped" if gone == "CANCELLED" else "failed"
+    return state, record.changed(end=record.end or End(EndState(state), f"Slurm job {slurm_job} ended {gone} "
+                                                       "before the job ended", None)), False
+
+
 def status(login_dir: str) -> dict[str, Any]:
     """The job as the follow and training-status.yml read it (trainer.runtime.nodestate.status's shape, as the hub's
     state: ``mode`` hub), with ``slurm`` (the queue's view and every allocation) and ``nodes`` (every member's state
@@ -513,27 +538,10 @@ def status(login_dir: str) -> dict[str, Any]:
     nodes = {name: nodestate.status(posixpath.join(posixpath.dirname(login_dir), name)) for name in members}
     hub = report.freshest(nodes)
     known = report.record_of(hub) or report.record_of({"record": account.get("record")})
-    record = known or new_record(login, float(submitted["submitted_at"]))  # before any allocation: the launch's
-    outcome = account.get("outcome")
-    training = False
-    if outcome:
-        state = outcome["state"]
-        record = record if record.end is not None else record.changed(
-            end=End(EndState(state), outcome["reason"], None))
-    elif queue is not None and queue["state"] in LIVE:
-        state = "running"
-        training = queue["state"] == "RUNNING" and known is not None and record.end is None
-        if not training:
-            previous = report.record_of({"record": (account.get("next") or {}).get("previous")}) or record
-            waiting = (f"the batch step's decision after the end on record ({record.end.state}: {record.end.reason})"
-                       if record.end is not None and queue["state"] == "RUNNING"
-                       else f"Slurm: job {queue['job_id']} {queue['state']} ({queue['reason'] or 'None'})")
-            record = previous.changed(phase=Phase.WAITING, end=None, waiting=waiting)
-    else:
-        gone = queue["state"] if queue else "gone from Slurm's queue"
-        state = "stopped" if gone == "CANCELLED" else "failed"
-        record = record.changed(end=record.end or End(EndState(state), f"Slurm job {submitted['slurm_job']} ended "
-                                                      f"{gone} before the job ended", None))
+    launched = new_record(login, float(submitted["submitted_at"]))  # before any allocation: the launch's
+    previous = report.record_of({"record": (account.get("next") or {}).get("previous")})
+    state, record, training = judged(known, launched, previous, account.get("outcome"), queue,
+                                     submitted["slurm_job"])
     data = record.to_json()
     for name, node in nodes.items():
         if training and node.get("pid") and not node.get("end"):
