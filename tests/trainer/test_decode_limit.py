@@ -198,6 +198,22 @@ def test_a_run_goes_on_past_a_hung_decoder_and_reports_the_file(
     assert f"  {video}: decoding took longer than 4 s" in out.stdout
 
 
+def test_a_resumed_run_knows_what_ran_out_of_time_from_its_checkpoint(
+    synthetic_dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    """One process trains an epoch past the hung file; the run, given a second epoch, resumes from that epoch's
+    checkpoint and never decodes the file again, in training or evaluation, and still names it."""
+    cfg, env = hanging_run(synthetic_dataset, tmp_path, "run", workers=1, epochs=1, loader_workers=1)
+    run_trainer("-m", "trainer.train", "--config-file", cfg, **env)
+    assert entered(Path(env[LOG_ENV])) == 1
+    cfg, env = hanging_run(synthetic_dataset, tmp_path, "run", workers=1, epochs=2, loader_workers=1)
+    out = run_trainer("-m", "trainer.train", "--config-file", cfg, **env)
+    assert f"resumed from {tmp_path / 'run' / 'checkpoints' / 'epoch_0001.pth'} at epoch 1" in out.stdout, out.stdout
+    assert entered(Path(env[LOG_ENV])) == 1  # known from the checkpoint: never decoded again
+    assert [(r["epoch"], r["bad_videos"]) for r in metrics(tmp_path / "run")] == [(1, 1), (2, 1)]
+    assert json.loads((tmp_path / "run" / "bad_videos.json").read_text())["videos"] == [
+        {"path": env[HANGING_ENV], "reason": "decoding took longer than 4 s"}]
+
 @pytest.mark.slow
 def test_a_run_with_a_hung_decoder_is_the_same_on_a_rerun_and_on_a_resume(
     synthetic_dataset: dict[str, Any], tmp_path: Path
