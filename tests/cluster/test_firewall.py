@@ -141,6 +141,32 @@ def test_a_guarded_port_admits_the_cluster_only_idempotently_and_removably(
     assert "vidcluster" not in listed and "VIDCLUSTER" not in listed  # nothing left (iptables-nft shows here too)
 
 
+SITE_DROP = {  # the site's own rule, after the guard: port 29500 dropped from the admitted 10.77.0.2
+    "nftables": [["nft", "add", "table", "inet", "site"],
+                 ["nft", "add", "chain", "inet", "site", "input", "{ type filter hook input priority 10; }"],
+                 ["nft", "add", "rule", "inet", "site", "input", "ip", "saddr", "10.77.0.2", "tcp", "dport", "29500",
+                  "drop"]],
+    "iptables": [["iptables", "-A", "INPUT", "-s", "10.77.0.2", "-p", "tcp", "--dport", "29500", "-j", "DROP"]],
+}
+
+
+@pytest.mark.parametrize("backend", ["nftables", "iptables"])
+def test_the_guard_admits_to_the_sites_own_rules_which_still_decide(
+        wired: dict[str, str], tmp_path: Path, backend: str) -> None:
+    """A guard, not an opening: an admitted address goes on to the node's own rules (a site's DROP of a port from it
+    still drops)."""
+    node, peer = wired["node"], wired["peer"]
+    guard = {"ports": ["29500-29599", "ephemeral"], "addresses": ["10.77.0.2"], "backend": backend}
+    checks = [("10.77.0.2", "10.77.0.1", 29500), ("10.77.0.2", "10.77.0.1", 29501), ("10.77.0.3", "10.77.0.1", 29501)]
+    with listening(node, 29500, 29501):
+        for command in SITE_DROP[backend]:
+            netns(node, *command)
+        assert tries(peer, checks) == ["TimeoutError", "open", "open"]  # the site's rule alone
+        assert module(node, tmp_path, **guard)["changed"]
+        assert tries(peer, checks) == ["TimeoutError", "open", "refused"]  # still dropped; the outsider refused
+        assert module(node, tmp_path, state="absent", backend=backend)["changed"]
+
+
 def test_bad_ports_and_addresses_are_refused_by_name(wired: dict[str, str], tmp_path: Path) -> None:
     for bad, said in ((["29500-29400"], "port '29500-29400': not a TCP port or range"),
                       (["http"], "port 'http': not a TCP port, a range a-b or 'ephemeral'")):
