@@ -3,7 +3,8 @@
   - its module in a network namespace of its own, wired to a second one that holds an admitted address and an
     outsider (IPv4 and IPv6), for both tools (nftables, iptables): a guarded port refuses the outsider and admits the
     cluster, other ports stay open, a second run changes nothing, and the rules go away whole;
-  - on the 3-node private-home cluster (private_cluster, whose login user may use sudo on the nodes): setup-cluster.yml
+  - on the 3-node private-home cluster (private_cluster, whose login user may use sudo on the nodes): a node whose
+    cluster_ip is not its ansible_host is admitted from its cluster_ip only; setup-cluster.yml
     -e firewall=true makes a node's rendezvous port refuse the controller's bridge address and admit the other nodes,
     a second run changes nothing, a job still trains across the guarded nodes, and -e firewall=false removes it all
     (the slow lane: bash scripts/test.sh --slow).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +25,16 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, changed_total, flat, job_processes, stage_dataset
+from tests.cluster.conftest import (
+    REPO,
+    VENV_BIN,
+    LocalCluster,
+    changed_total,
+    flat,
+    job_processes,
+    run_playbook,
+    stage_dataset,
+)
 
 MODULE = REPO / "roles" / "cluster_firewall" / "library" / "cluster_firewall_rules.py"
 CONNECT = """import json, socket, sys
@@ -221,3 +232,29 @@ def test_the_rendezvous_port_refuses_the_controller_and_the_job_still_trains(clu
         removed.stdout)
     with listening(node0.netns, 29500, 40000):
         assert tries(None, from_controller) == ["open", "open"]
+
+
+def test_a_nodes_ansible_host_is_not_admitted_only_its_cluster_ip(private_cluster: tuple[LocalCluster, str]) -> None:
+    """node1 reached over SSH at its ansible_host (a NAT gateway's address, say) and training on another cluster_ip:
+    the guard admits the cluster_ip and refuses the ansible_host."""
+    cluster, _ = private_cluster
+    node0, node1, node2 = cluster.nodes
+    moved = node1.ip.rsplit(".", 1)[0] + ".250"  # on the cluster's bridge, as node1's second address
+    assert moved not in {node.ip for node in cluster.nodes}
+    inventory = cluster.state_dir / "inventory-moved.yml"
+    text = cluster.inventory.read_text()
+    assert text.count(f"cluster_ip: {node1.ip}\n") == 1
+    inventory.write_text(text.replace(f"cluster_ip: {node1.ip}\n", f"cluster_ip: {moved}\n"))
+    subprocess.run(["ip", "-n", node1.netns, "addr", "add", f"{moved}/32", "dev", "eth0"], check=True)
+    try:
+        with listening(node0.netns, 29500):
+            installed = run_playbook("playbooks/firewall.yml", "-e", "firewall=true", inventory=inventory)
+            admitted = re.search(rf"{node0.name} \(nftables\): new TCP connections to ports .*? only from "
+                                 r"([0-9a-f:., ]+?)\.['\"]", flat(installed.stdout))
+            assert admitted, installed.stdout[-3000:]
+            assert sorted(admitted[1].split(", ")) == sorted([node0.ip, moved, node2.ip])
+            assert tries(node1.netns, [(node1.ip, node0.ip, 29500), (moved, node0.ip, 29500)]) == ["refused", "open"]
+    finally:
+        run_playbook("playbooks/firewall.yml", "-e", "firewall=false", inventory=inventory, check=False)
+        subprocess.run(["ip", "-n", node1.netns, "addr", "del", f"{moved}/32", "dev", "eth0"], check=False)
+        inventory.unlink()
