@@ -3,7 +3,8 @@
   - its module in a network namespace of its own, wired to a second one that holds an admitted address and an
     outsider (IPv4 and IPv6), for both tools (nftables, iptables): a guarded port refuses the outsider and admits the
     cluster, other ports stay open, a second run changes nothing, and the rules go away whole;
-  - on the 3-node private-home cluster (private_cluster, whose login user may use sudo on the nodes): setup-cluster.yml
+  - on the 3-node private-home cluster (private_cluster, whose login user may use sudo on the nodes): a node whose
+    cluster_ip is not its ansible_host is admitted from its cluster_ip only; setup-cluster.yml
     -e firewall=true makes a node's rendezvous port refuse the controller's bridge address and admit the other nodes,
     a second run changes nothing, a job still trains across the guarded nodes, and -e firewall=false removes it all
     (the slow lane: bash scripts/test.sh --slow).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +25,16 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, changed_total, flat, job_processes, stage_dataset
+from tests.cluster.conftest import (
+    REPO,
+    VENV_BIN,
+    LocalCluster,
+    changed_total,
+    flat,
+    job_processes,
+    run_playbook,
+    stage_dataset,
+)
 
 MODULE = REPO / "roles" / "cluster_firewall" / "library" / "cluster_firewall_rules.py"
 CONNECT = """import json, socket, sys
@@ -141,6 +152,32 @@ def test_a_guarded_port_admits_the_cluster_only_idempotently_and_removably(
     assert "vidcluster" not in listed and "VIDCLUSTER" not in listed  # nothing left (iptables-nft shows here too)
 
 
+SITE_DROP = {  # the site's own rule, after the guard: port 29500 dropped from the admitted 10.77.0.2
+    "nftables": [["nft", "add", "table", "inet", "site"],
+                 ["nft", "add", "chain", "inet", "site", "input", "{ type filter hook input priority 10; }"],
+                 ["nft", "add", "rule", "inet", "site", "input", "ip", "saddr", "10.77.0.2", "tcp", "dport", "29500",
+                  "drop"]],
+    "iptables": [["iptables", "-A", "INPUT", "-s", "10.77.0.2", "-p", "tcp", "--dport", "29500", "-j", "DROP"]],
+}
+
+
+@pytest.mark.parametrize("backend", ["nftables", "iptables"])
+def test_the_guard_admits_to_the_sites_own_rules_which_still_decide(
+        wired: dict[str, str], tmp_path: Path, backend: str) -> None:
+    """A guard, not an opening: an admitted address goes on to the node's own rules (a site's DROP of a port from it
+    still drops)."""
+    node, peer = wired["node"], wired["peer"]
+    guard = {"ports": ["29500-29599", "ephemeral"], "addresses": ["10.77.0.2"], "backend": backend}
+    checks = [("10.77.0.2", "10.77.0.1", 29500), ("10.77.0.2", "10.77.0.1", 29501), ("10.77.0.3", "10.77.0.1", 29501)]
+    with listening(node, 29500, 29501):
+        for command in SITE_DROP[backend]:
+            netns(node, *command)
+        assert tries(peer, checks) == ["TimeoutError", "open", "open"]  # the site's rule alone
+        assert module(node, tmp_path, **guard)["changed"]
+        assert tries(peer, checks) == ["TimeoutError", "open", "refused"]  # still dropped; the outsider refused
+        assert module(node, tmp_path, state="absent", backend=backend)["changed"]
+
+
 def test_bad_ports_and_addresses_are_refused_by_name(wired: dict[str, str], tmp_path: Path) -> None:
     for bad, said in ((["29500-29400"], "port '29500-29400': not a TCP port or range"),
                       (["http"], "port 'http': not a TCP port, a range a-b or 'ephemeral'")):
@@ -195,3 +232,29 @@ def test_the_rendezvous_port_refuses_the_controller_and_the_job_still_trains(clu
         removed.stdout)
     with listening(node0.netns, 29500, 40000):
         assert tries(None, from_controller) == ["open", "open"]
+
+
+def test_a_nodes_ansible_host_is_not_admitted_only_its_cluster_ip(private_cluster: tuple[LocalCluster, str]) -> None:
+    """node1 reached over SSH at its ansible_host (a NAT gateway's address, say) and training on another cluster_ip:
+    the guard admits the cluster_ip and refuses the ansible_host."""
+    cluster, _ = private_cluster
+    node0, node1, node2 = cluster.nodes
+    moved = node1.ip.rsplit(".", 1)[0] + ".250"  # on the cluster's bridge, as node1's second address
+    assert moved not in {node.ip for node in cluster.nodes}
+    inventory = cluster.state_dir / "inventory-moved.yml"
+    text = cluster.inventory.read_text()
+    assert text.count(f"cluster_ip: {node1.ip}\n") == 1
+    inventory.write_text(text.replace(f"cluster_ip: {node1.ip}\n", f"cluster_ip: {moved}\n"))
+    subprocess.run(["ip", "-n", node1.netns, "addr", "add", f"{moved}/32", "dev", "eth0"], check=True)
+    try:
+        with listening(node0.netns, 29500):
+            installed = run_playbook("playbooks/firewall.yml", "-e", "firewall=true", inventory=inventory)
+            admitted = re.search(rf"{node0.name} \(nftables\): new TCP connections to ports .*? only from "
+                                 r"([0-9a-f:., ]+?)\.['\"]", flat(installed.stdout))
+            assert admitted, installed.stdout[-3000:]
+            assert sorted(admitted[1].split(", ")) == sorted([node0.ip, moved, node2.ip])
+            assert tries(node1.netns, [(node1.ip, node0.ip, 29500), (moved, node0.ip, 29500)]) == ["refused", "open"]
+    finally:
+        run_playbook("playbooks/firewall.yml", "-e", "firewall=false", inventory=inventory, check=False)
+        subprocess.run(["ip", "-n", node1.netns, "addr", "del", f"{moved}/32", "dev", "eth0"], check=False)
+        inventory.unlink()

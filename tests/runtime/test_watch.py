@@ -179,8 +179,9 @@ def test_a_line_longer_than_the_jobs_limit_is_refused_by_the_real_listener(loopb
 
 def test_a_members_address_holds_at_most_8_connections_and_crowds_out_no_other_member(
         loopback: Callable[..., Job]) -> None:
-    """Another user of a member's machine can hold that member's few connections (its hellos time out), never more,
-    and never another member's."""
+    """Another user of a member's machine holds at most that member's few connections, never another member's; a
+    ninth makes the oldest one that has not proven itself give way (tests/runtime/test_listener_slots.py: the member
+    itself still joins)."""
     job = loopback(2, spares=1, steps=10_000)
     job.start("n0")
     job.start("n1")
@@ -189,8 +190,9 @@ def test_a_members_address_holds_at_most_8_connections_and_crowds_out_no_other_m
     held = [socket.create_connection(job.hub_addr.rsplit(":", 1), 5, (spare, 0)) for _ in range(PER_ADDRESS + 1)]
     try:
         hellos = [hello(sock) for sock in held]
-        assert [h.startswith(b'{"hello"') for h in hellos] == [True] * PER_ADDRESS + [False]
-        assert job.log("n0").count(f"refused a connection from {spare}: more than {PER_ADDRESS} connections") == 1
+        assert [h.startswith(b'{"hello"') for h in hellos] == [True] * (PER_ADDRESS + 1)
+        assert hello(held[0]) == b"" and job.log("n0").count(
+            f"refused a connection from {spare}: {PER_ADDRESS} connections at once: the oldest unproven one") == 1
         trains_on(job)  # n1, at its own address, is heard all along
     finally:
         for sock in held:

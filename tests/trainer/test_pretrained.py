@@ -109,16 +109,19 @@ def test_fetch_weights_downloads_once_verifies_and_prints_the_path(
     assert code == 0 and out == f"{path}\n" and path.read_bytes() == (mirror.root / "gluoncv" / path.name).read_bytes()
     assert mirror.requests == ["/gluoncv/slowfast_tiny_kinetics400-12345678.pth"]
     full = hashlib.sha256(path.read_bytes()).hexdigest()  # recorded for every kind, GluonCV's SHA-1 one included
-    assert f"sha256 {full}, recorded in {path.name}.sha256" in err
+    assert f"sha256 {full}, recorded in {path.name}.sha256" in err and "trusted on first use" not in err  # full SHA-1
     assert (cache / "gluoncv" / f"{path.name}.sha256").read_text().split()[0] == full
     assert fetch("slowfast_tiny", capsys=capsys)[0] == 0 and len(mirror.requests) == 1  # cached: no download
 
     monkeypatch.setenv(zoo.URL_ENV, mirror.url)  # the environment's mirror (http asked for there too)
     monkeypatch.setenv(zoo.ALLOW_HTTP_ENV, "1")
-    assert fetch("slow_tiny", capsys=capsys)[0] == 0  # and the other checksum kinds
+    code, _, err = fetch("slow_tiny", capsys=capsys)  # and the other checksum kinds, which say what is trusted
+    assert code == 0 and ("pyslowfast publishes only the first 8 hex digits of its SHA-256 (in the file name, checked) "
+                          "of SLOW_TINY-abcdef12.pkl: trusted on first use") in err
     code, out, err = fetch("i3d_tiny", "--cache", str(tmp_path / "other"), capsys=capsys)
     recorded = hashlib.sha256((mirror.root / "pytorchvideo" / "I3D_TINY.pyth").read_bytes()).hexdigest()
     assert code == 0 and out.strip() == str(tmp_path / "other" / "pytorchvideo" / "I3D_TINY.pyth")
+    assert "pytorchvideo publishes no checksum of I3D_TINY.pyth: trusted on first use" in err
     assert f"sha256 {recorded}, recorded in I3D_TINY.pyth.sha256 and checked on every use" in err
     assert (tmp_path / "other" / "pytorchvideo" / "I3D_TINY.pyth.sha256").read_text().split()[0] == recorded
 

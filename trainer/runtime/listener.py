@@ -3,10 +3,12 @@ members connect to say ``join`` and ``report`` (trainer.runtime.messages) and ge
 
 What an outside host can do to it, and what it costs:
 - a connection from an address that is not one of the plan's members is closed at once, before any hello;
-- a member's address holds at most ``PER_ADDRESS`` connections at once (another user of a member's machine can
-  crowd out that member's own connections at worst, never another member's);
-- a connection that does not prove itself (trainer.runtime.wire) within the hello timeout is closed; lines are at
-  most the job's line limit;
+- a member's address holds at most ``PER_ADDRESS`` connections at once, never another member's; when they are all
+  held, the oldest that has not proven itself (trainer.runtime.wire) yet is closed for the newcomer, so another user
+  of a member's machine holding idle connections cannot keep that member out (only connections that prove themselves,
+  which needs the job's key, or a flood that opens a slot's worth of connections within one handshake, could);
+- a connection that does not prove itself within the hello timeout is closed; lines are at most the job's line
+  limit;
 - a body that does not follow its schema, a member claiming a name that is not its address's, a second name on one
   connection: refused;
 - every refusal and every unexpected error is logged once per address (``Refusals``: at most ``REFUSED_KEPT``
@@ -20,6 +22,7 @@ import dataclasses
 import ipaddress
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from trainer.runtime import layout, schema, wire
 from trainer.runtime.log import Once, Say
@@ -73,7 +76,8 @@ class Listener:
         for m in plan.members:
             if m.name != plan.node:
                 self.names.setdefault(same_address(m.ip), set()).add(m.name)
-        self.open: Counter[str] = Counter()  # member address -> connections open now
+        self.proven: Counter[str] = Counter()  # member address -> its proven connections open now
+        self.unproven: dict[str, list[asyncio.StreamWriter]] = {}  # member address -> the others, oldest first
         self.joins: Counter[str] = Counter()  # member -> connections it opened (a healthy member keeps one)
         self.refusals = Refusals(say)
         self.errors = Once(say)
@@ -97,14 +101,10 @@ class Listener:
         try:
             if peer not in self.names:
                 self.refusals.refuse(peer, "not the address of another member of this job")
-            elif self.open[peer] >= PER_ADDRESS * len(self.names[peer]):
-                self.refusals.refuse(peer, f"more than {PER_ADDRESS} connections at once")
+            elif self._full(peer) and not self._make_way(peer):
+                self.refusals.refuse(peer, f"more than {PER_ADDRESS} connections at once, all of them proven")
             else:
-                self.open[peer] += 1
-                try:
-                    await self._talk(peer, reader, writer)
-                finally:
-                    self.open[peer] -= 1
+                await self._hold(peer, reader, writer)
         except (wire.Closed, wire.Silent):
             pass  # a member that hung up or fell silent; an unproven connection costs nothing more than its time
         except (wire.WireError, schema.SchemaError) as exc:
@@ -131,8 +131,34 @@ class Listener:
         parts[key] = self.payload_text[1]
         return b"{" + b",".join(wire.canonical(name) + b":" + parts[name] for name in sorted(parts)) + b"}"
 
-    async def _talk(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        link, body = await wire.accept(reader, writer, self.keyring, self.limit)
+    def _full(self, peer: str) -> bool:
+        return self.proven[peer] + len(self.unproven.get(peer, ())) >= PER_ADDRESS * len(self.names[peer])
+
+    def _make_way(self, peer: str) -> bool:
+        """Close ``peer``'s oldest connection that has not proven itself, if it has one, for a newer one."""
+        waiting = self.unproven.get(peer)
+        if not waiting:
+            return False
+        waiting.pop(0).transport.abort()  # its handshake reads the end of the stream: wire.Closed
+        self.refusals.refuse(peer, f"{PER_ADDRESS} connections at once: the oldest unproven one closed for a newer one")
+        return True
+
+    async def _hold(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One of ``peer``'s slots: unproven (the first to give way) until the handshake, then proven until it ends."""
+        waiting = self.unproven.setdefault(peer, [])
+        waiting.append(writer)
+        try:
+            link, body = await wire.accept(reader, writer, self.keyring, self.limit)
+        finally:
+            if writer in waiting:
+                waiting.remove(writer)
+        self.proven[peer] += 1
+        try:
+            await self._talk(peer, link, body)
+        finally:
+            self.proven[peer] -= 1
+
+    async def _talk(self, peer: str, link: wire.Link, body: dict[str, Any]) -> None:
         report = read_report(body)
         node = report.node
         if node not in self.names[peer]:

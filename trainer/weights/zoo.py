@@ -14,8 +14,10 @@ Checksums. A download is checked against what its source publishes (``checksum_k
 
 * ``sha1``: the full SHA-1 that GluonCV publishes for each file (gluoncv 0.10.5, ``torch/model_zoo/model_store.py``).
 * ``sha256-prefix``: the leading SHA-256 hex digits that torchvision puts in the file name (torchvision's own check:
-  32 bits, which a forger can match).
-* ``recorded``: PySlowFast and pytorchvideo publish no checksum; nothing to check the download against.
+  32 bits, which a forger can match). torchvision publishes no full hash of its weights (not in its weight enums'
+  meta, not in its docs), so a first fetch is trusted on first use, and says so.
+* ``recorded``: PySlowFast and pytorchvideo publish no checksum; nothing to check the download against: trusted on
+  first use, and the fetch says so.
 * ``sha256``: the full SHA-256, for a site's own table (below).
 
 Then the file's full SHA-256 is recorded next to it (``<file>.sha256``) and printed, and every later use (the
@@ -56,6 +58,9 @@ from trainer.weights.formats import WeightsError
 
 RECORD_SUFFIX = ".sha256"
 CHECKSUM_KINDS = ("sha1", "sha256-prefix", "recorded", "sha256")
+# What a first fetch is checked against where the source publishes no full hash: it is trusted on first use.
+FIRST_USE = {"sha256-prefix": "only the first 8 hex digits of its SHA-256 (in the file name, checked)",
+             "recorded": "no checksum"}
 
 IMAGENET = (IMAGENET_MEAN, IMAGENET_STD)  # GluonCV
 KINETICS = ((0.45, 0.45, 0.45), (0.225, 0.225, 0.225))  # PySlowFast and pytorchvideo
@@ -297,6 +302,9 @@ def fetch(model_name: str, cache: str | Path | None = None, base_url: str | None
         verify(entry, dest, model_name)
         return dest
     url = source_url(entry, base_url, allow_http)
+    if entry.checksum_kind in FIRST_USE:
+        print(f"{entry.source} publishes {FIRST_USE[entry.checksum_kind]} of {entry.file}: trusted on first use (its "
+              "full SHA-256 is recorded now and checked on every later use)", file=sys.stderr)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     tmp = Path(tmp_name)

@@ -6,10 +6,12 @@ iptables, whichever the node has (roles/cluster_firewall).
                    node has it, else iptables and ip6tables), nftables or iptables.
     state=absent   the rules are removed (nothing else of the node's firewall is touched).
 
-Only new TCP connections to the guarded ports are looked at: from the loopback interface, from an admitted address or
-belonging to a connection this node opened (its replies), they pass; any other is refused at once (a TCP reset).
-Everything else passes this node's rules untouched (other rules the node has still apply). Both address families are
-guarded, so a port listening on every address is not open over IPv6 either.
+A guard, not an opening: only new TCP connections to the guarded ports are looked at, and the only verdict of these
+rules is to refuse (a TCP reset) one that comes from neither the loopback interface nor an admitted address. Whatever
+else they see goes on to the node's own rules unjudged (nftables: the chain returns to its base chain, which accepts
+only as far as this table goes; iptables: the chain RETURNs to INPUT after its jump), so a site's own rule that drops
+a port from some host still drops it. Connections this node opened (their replies) are not new. Both address families
+are guarded, so a port listening on every address is not open over IPv6 either.
 
 Idempotent: the rules carry a digest of what they say, and nothing changes when the kernel holds those (changed
 false). They are the kernel's until the node reboots. Needs root (become). Returns backend, ports (as guarded) and
@@ -95,9 +97,9 @@ class Nftables:
     tcp dport {{ {ports} }} ct state new jump guarded
   }}
   chain guarded {{
-    iifname "lo" accept
-    ip saddr @cluster4 accept
-    ip6 saddr @cluster6 accept
+    iifname "lo" return
+    ip saddr @cluster4 return
+    ip6 saddr @cluster6 return
     meta l4proto tcp reject with tcp reset
   }}
 """
@@ -136,7 +138,8 @@ class Iptables:
             raise FirewallError(f"{len(ranges)} port ranges: iptables' multiport takes 15 at most")
         self.jump = ["-p", "tcp", "-m", "multiport", "--dports", ports, "-m", "conntrack", "--ctstate", "NEW", "-j",
                      CHAIN]
-        self.rules = {tool: [["-i", "lo", "-j", "ACCEPT"], *(["-s", net, "-j", "ACCEPT"] for net in nets),
+        # RETURN, never ACCEPT: INPUT goes on after the jump, so the node's own later rules still decide.
+        self.rules = {tool: [["-i", "lo", "-j", "RETURN"], *(["-s", net, "-j", "RETURN"] for net in nets),
                              ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]]
                       for tool, nets in (("iptables", v4), ("ip6tables", v6))}
         text = repr((self.jump, self.rules))
