@@ -126,8 +126,18 @@ KINETICS_COLUMNS = ("label", "youtube_id", "time_start", "time_end", "split")
 
 
 def _folder_name(text: str, what: str, where: str) -> str:
-    if not text or text.startswith(".") or "/" in text or "\0" in text:
+    """``text``, a path part of the lists' lines (split/label/youtube_id_start_end.mp4); AnnotationError naming the
+    field when the lists could not hold it."""
+    if not text or text.startswith(".") or "/" in text:
         raise AnnotationError(f"{where}: {what} {text!r} cannot name a folder (empty, starts with '.', or has '/')")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        # a newline would end a list's line inside the path (a forged entry), and a class index line
+        raise AnnotationError(f"{where}: {what} {text!r} holds a control character")
+    if "," in text:
+        raise AnnotationError(f"{where}: {what} {text!r} holds a comma (a list line with a comma is read as "
+                              "comma-separated fields)")
+    if text.startswith("#"):
+        raise AnnotationError(f"{where}: {what} {text!r} starts with '#' (a list line starting so is a comment)")
     return text
 
 
