@@ -68,8 +68,8 @@ def check_data(argv: Sequence[str]) -> int:
     cfg = load_cli_config(parser.parse_args(argv))
     data = cfg.CONFIG.DATA
     require_decoder(data.DECODER, "CONFIG.DATA.DECODER")
-    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER),
-           *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER)]
+    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER, data.DECODE_TIME_LIMIT),
+           *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER, data.DECODE_TIME_LIMIT)]
     for path, reason in bad:
         print(f"BAD {path}: {reason}")
     print(f"{len(bad)} bad video(s)")
