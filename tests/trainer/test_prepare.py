@@ -202,6 +202,20 @@ def test_a_run_in_which_no_clip_finishes_for_longer_than_a_clip_may_take_is_ende
     assert stalled({**state, "phase": "fetching"}, 1000, 20) is None  # rsync's time is the sources' size
 
 
+def test_the_heartbeat_ends_a_run_in_which_no_clip_finishes_and_says_why(tmp_path: Path) -> None:
+    """A run stuck outside every clip's deadline: its beat writes the reason and kills its process group (the run
+    and its ffmpegs), so the play's watch sees it end instead of a heartbeat that goes on for ever."""
+    path = tmp_path / "progress.json"
+    stuck = ("import sys; from trainer.data.prepare import Progress; p = Progress(sys.argv[1], 2, 0.5); "
+             "p.update(phase='transcoding'); p.making('raw/a.mp4', started=True); p.beat()")
+    done = subprocess.run([sys.executable, "-c", stuck, str(path)], cwd=REPO, start_new_session=True, timeout=120)
+    assert done.returncode == -9  # SIGKILL, from its own beat
+    state = json.loads(path.read_text())
+    assert state["finished"] and state["rc"] == 1, state
+    assert state["error"].startswith("no clip finished for ") and state["error"].endswith(
+        " s (a clip may take 0.5 s); still making: raw/a.mp4"), state
+
+
 def test_a_tool_running_past_the_clips_deadline_is_killed_and_named(tmp_path: Path) -> None:
     playlist = live_playlist(tmp_path / "src/live.mp4", tmp_path / "private")
     started = time.monotonic()
