@@ -7,6 +7,7 @@ file, as in decord #373. The videos are the synthetic task's real H.264 files.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
 from trainer import checkpoint
 from trainer.bad_videos import BadVideos
 from trainer.checkpoint import list_checkpoints
-from trainer.data import build_dataset, build_loader, check_dataset
+from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data import decoders as decoders_module
 from trainer.data.decoders import BadVideo, ClipDecoder, DecodeTimeout
 from trainer.data.sampling import val_indices
@@ -190,6 +191,29 @@ def test_check_data_refuses_a_live_playlist_unread(synthetic_dataset: dict[str, 
     text.write_text("ffconcat version 1.0\nfile 'private.mp4'\n")
     with pytest.raises(BadVideo, match=r"^a text file, not a video: refused unread"):
         ClipDecoder("auto").clip(str(text), clip_indices)
+
+
+class HangingOpen(decoders_module.DecordReader):
+    """decord stuck in C while opening one file (the hanging decoder's file), with the GIL held."""
+
+    def __init__(self, path: str, size: tuple[int, int], device: str = "cpu") -> None:
+        if path == os.environ[HANGING_ENV]:
+            ctypes.PyDLL(None).sleep(3600)
+        super().__init__(path, size, device)
+
+
+def test_make_annotations_opens_each_video_by_the_time_limit(
+    hanging: str, synthetic_dataset: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(decoders_module.READERS, "decord", HangingOpen)
+    root = tmp_path / "tree"
+    (root / "left").mkdir(parents=True)
+    for video in [hanging, *good_videos(synthetic_dataset, 2)]:
+        os.symlink(video, root / "left" / Path(video).name)
+    monkeypatch.setenv(HANGING_ENV, str(root / "left" / Path(hanging).name))  # as the tree names it
+    made = write_annotations_from_tree(root, tmp_path / "lists", val_fraction=0.0, time_limit=LIMIT)
+    assert made.skipped == [(os.environ[HANGING_ENV], "decoding took longer than 4 s")]
+    assert len(made.train.read_text().splitlines()) == 2
 
 
 def test_check_data_runs_under_the_configs_time_limit(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
