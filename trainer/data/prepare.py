@@ -338,7 +338,7 @@ def human(n: float) -> str:
 
 def run_tool(argv: list[str], deadline: float, timeout: float) -> subprocess.CompletedProcess[str]:
     """ffmpeg or ffprobe, killed when the clip's deadline (time.monotonic()) passes: PrepareError "making the clip
-    took longer than N s" (``timeout``: the clip's limit), naming the step. SIGKILL: ffmpeg reloading a live
+    took longer than N s" (``timeout``: the clip's limit), naming the tool. SIGKILL: ffmpeg reloading a live
     playlist does not heed SIGTERM."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=False,
@@ -375,8 +375,7 @@ def ffmpeg_argv(src: str, out: str, trim: list[float] | None, options: Options) 
     seek = ["-ss", f"{trim[0]:g}"] if trim else []
     length = ["-t", f"{trim[1] - trim[0]:g}"] if trim else []
     return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-threads", "1", *INPUT_ONLY, *seek,
-            "-i", src,
-            *length, "-map", "0:v:0", "-an", "-sn", "-dn", "-vf", f"fps={options.fps},{scale}",
+            "-i", src, *length, "-map", "0:v:0", "-an", "-sn", "-dn", "-vf", f"fps={options.fps},{scale}",
             "-filter_threads", "1", "-c:v", "libx264", "-preset", options.preset, "-crf", str(options.crf),
             "-g", str(options.keyint), "-keyint_min", str(options.keyint), "-sc_threshold", "0",
             "-pix_fmt", "yuv420p", "-threads", "1", "-movflags", "+faststart", "-f", "mp4", out]

@@ -89,7 +89,7 @@ def is_exceeded(reason: str) -> bool:
 
 
 class Helper:
-    """One forked process that runs calls for the process that forked it, one at a time."""
+    """One forked (or spawned) process that runs calls for the process that started it, one at a time."""
 
     def __init__(self, spawn: str | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
