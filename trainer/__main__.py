@@ -68,8 +68,8 @@ def check_data(argv: Sequence[str]) -> int:
     cfg = load_cli_config(parser.parse_args(argv))
     data = cfg.CONFIG.DATA
     require_decoder(data.DECODER, "CONFIG.DATA.DECODER")
-    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER),
-           *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER)]
+    bad = [*check_dataset(data.TRAIN_ANNO_PATH, data.TRAIN_DATA_PATH, data.DECODER, data.DECODE_TIME_LIMIT),
+           *check_dataset(data.VAL_ANNO_PATH, data.VAL_DATA_PATH, data.DECODER, data.DECODE_TIME_LIMIT)]
     for path, reason in bad:
         print(f"BAD {path}: {reason}")
     print(f"{len(bad)} bad video(s)")
@@ -85,9 +85,12 @@ def make_annotations(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-class split")
     parser.add_argument("--decoder", choices=["decord", "torchcodec", "auto"], default="decord",
                         help="the CONFIG.DATA.DECODER that counts the frames (auto: AV1 videos too)")
+    parser.add_argument("--time-limit", type=float, default=60.0,
+                        help="seconds each video may take to open (as CONFIG.DATA.DECODE_TIME_LIMIT; 0: none)")
     args = parser.parse_args(argv)
     require_decoder(args.decoder, "--decoder")
-    result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed, args.decoder)
+    result = write_annotations_from_tree(args.root, args.out, args.val_fraction, args.seed, args.decoder,
+                                         args.time_limit)
     for path, reason in result.skipped:
         print(f"skipped {path}: {reason}")
     print(f"{len(result.classes)} classes -> {result.train}, {result.val}, {result.class_index}")

@@ -464,10 +464,10 @@ class DataConfig(_Section):
         60.0,
         ge=0,
         strict=False,  # YAML's 60 is an int
-        description="Seconds one clip may take to decode on the CPU: a decoder that hangs or crashes on a file is "
+        description="Seconds one clip may take to decode: a decoder that hangs or crashes on a file is "
         "abandoned and the video counted bad ('decoding took longer than N s'), and not decoded again; 0 = no "
         "limit (decoding then runs in the loading process itself). Below DDP_CONFIG.TIMEOUT_SECONDS. GPU decoding "
-        "(DECODER_DEVICE cuda) runs without it.",
+        "(DECODER_DEVICE cuda) has it too (in a spawned helper process; the frames come back through the CPU).",
     )
 
     @field_validator("MEAN", "STD")
@@ -501,11 +501,6 @@ class DataConfig(_Section):
     def _problem(self) -> tuple[str, str] | None:
         if self.NUM_WORKERS == 0 and _changed(self, "PREFETCH_FACTOR"):
             return "PREFETCH_FACTOR", "only DataLoader workers prefetch; set NUM_WORKERS > 0 or remove it"
-        if self.DECODER_DEVICE == "cuda" and _changed(self, "DECODE_TIME_LIMIT") and self.DECODE_TIME_LIMIT > 0:
-            return "DECODE_TIME_LIMIT", (
-                "only applies to CPU decoding (a decoder on the GPU runs in the training process, where a hung one "
-                "cannot be abandoned); remove it or set DECODER_DEVICE: cpu"
-            )
         if self.TEST_CROP_SIZE > self.SHORT_SIDE_SIZE:
             return "TEST_CROP_SIZE", (
                 f"is {self.TEST_CROP_SIZE}, larger than SHORT_SIDE_SIZE {self.SHORT_SIDE_SIZE}, so test crops would "

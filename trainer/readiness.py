@@ -5,8 +5,9 @@ experiment config with the trainer's own schema (on the controller):
 
 Prints one JSON object: ``decoder`` (CONFIG.DATA.DECODER), ``data_path`` (CONFIG.DATA.TRAIN_DATA_PATH, the staged
 videos; a path in the controller's home is written with "~", each node's own home, as the launch renders it),
-``clip_len``, ``frame_rate`` and the decode size ``height`` x ``width`` (NEW_HEIGHT x NEW_WIDTH). A config the trainer
-rejects is one line on stderr and exit status 2.
+``clip_len``, ``frame_rate``, the decode size ``height`` x ``width`` (NEW_HEIGHT x NEW_WIDTH) and ``time_limit``
+(DECODE_TIME_LIMIT: seconds each clip may take, as in training). A config the trainer rejects is one line on stderr and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def node_path(path: str) -> str:
 def decode_settings(cfg: Config) -> dict[str, Any]:
     data = cfg.CONFIG.DATA
     return {"decoder": data.DECODER, "data_path": node_path(data.TRAIN_DATA_PATH), "clip_len": data.CLIP_LEN,
-            "frame_rate": data.FRAME_RATE, "height": data.NEW_HEIGHT, "width": data.NEW_WIDTH}
+            "frame_rate": data.FRAME_RATE, "height": data.NEW_HEIGHT, "width": data.NEW_WIDTH,
+            "time_limit": data.DECODE_TIME_LIMIT}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,7 +82,7 @@ def test_the_config_gives_the_decoder_and_the_nodes_dataset_path() -> None:
     out = subprocess.run([sys.executable, "-m", "trainer.readiness", "--config-file", "configs/i3d_cpu_test.yaml"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == {"decoder": "decord", "data_path": "~/data/vidcluster-test", "clip_len": 8,
-                               "frame_rate": 1, "height": 32, "width": 32}
+                               "frame_rate": 1, "height": 32, "width": 32, "time_limit": 60.0}
 
 
 def test_the_table_names_the_node_below_the_threshold_of_the_median_on_any_figure() -> None:

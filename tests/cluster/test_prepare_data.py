@@ -3,7 +3,8 @@ download, made by the nodes.
 
 The raw download is real: videos of different sizes, codecs and containers made here with ffmpeg (720p and 360p,
 H.264, VP9 and MPEG-4, in mp4, webm, avi and mkv; trimmed clips named as the downloaders name them and whole videos to
-trim), one listed clip missing, one file broken, one video too short for its clip, one row listed twice. On the
+trim), one listed clip missing, one file broken, one video too short for its clip, one row listed twice, and one
+"clip" that is a live HLS playlist whose segments are a private file (tests/trainer/playlists.py). On the
 3-node private-home cluster the SSH mesh tests use (private_cluster): the source is a folder on the controller the
 nodes cannot read (the controller sends each node its share), the destination node0's home (the other nodes send
 their clips there over the SSH mesh). A second run changes nothing, and a short training run reads the result. A
@@ -29,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, changed_total, flat, playbook_env
+from tests.trainer.playlists import live_playlist
 from tests.trainer.test_train import run_trainer, write_config
 from trainer.data import manifest
 from trainer.data.annotations import read_annotations, read_class_index
@@ -42,7 +44,7 @@ CODECS = {"h264": ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv42
           "vp9": ["-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8"],
           "mpeg4": ["-c:v", "mpeg4", "-q:v", "5"]}
 # label, youtube_id, time_start, time_end, split; then how its source is made: (file name, codec, size, seconds),
-# None for a clip missing from the source, "broken" for a file of random bytes.
+# None for a clip missing from the source, "broken" for a file of random bytes, "playlist" for a live HLS playlist.
 ROWS: list[tuple[str, str, int, int, str, Any]] = [
     ("air drumming", "aaaaaaaaaaa", 0, 3, "train", ("train/aaaaaaaaaaa_000000_000003.mp4", "h264", "1280x720", 3)),
     ("air drumming", "bbbbbbbbbbb", 2, 5, "train", ("train/bbbbbbbbbbb.webm", "vp9", "640x360", 6)),
@@ -53,6 +55,7 @@ ROWS: list[tuple[str, str, int, int, str, Any]] = [
     ("zumba", "ggggggggggg", 0, 3, "train", ("x/ggggggggggg_000000_000003.mp4", "h264", "480x360", 3)),
     ("air drumming", "hhhhhhhhhhh", 0, 3, "val", ("val/hhhhhhhhhhh_000000_000003.mp4", "h264", "640x360", 3)),
     ("zumba", "iiiiiiiiiii", 1, 4, "val", ("val/iiiiiiiiiii.mkv", "vp9", "640x360", 5)),
+    ("zumba", "jjjjjjjjjjj", 0, 3, "val", "playlist"),
 ]
 MADE = {"train": ["aaaaaaaaaaa", "bbbbbbbbbbb", "ccccccccccc", "ggggggggggg"], "val": ["hhhhhhhhhhh", "iiiiiiiiiii"]}
 CLASSES = ["air drumming", "juggling balls", "zumba"]
@@ -66,6 +69,9 @@ def make_source(root: Path) -> tuple[Path, list[Path]]:
             continue
         if made == "broken":
             (src / "eeeeeeeeeee_000000_000003.mp4").write_bytes(os.urandom(20_000))
+            continue
+        if made == "playlist":
+            live_playlist(src / "val" / "jjjjjjjjjjj_000000_000003.mp4", root / "private")
             continue
         name, codec, size, seconds = made
         (src / name).parent.mkdir(parents=True, exist_ok=True)
@@ -155,22 +161,23 @@ def test_the_report_names_every_clip_not_made_with_its_reason_and_the_totals(pre
     assert reasons["ddddddddddd"] == "missing from the source"
     assert reasons["eeeeeeeeeee"].startswith("cannot open: ") and "Invalid data" in reasons["eeeeeeeeeee"]
     assert reasons["fffffffffff"] == "shorter than the clip (the video ends at 4.0 s, the clip at 8 s)"
-    assert len(reasons) == 3
+    assert reasons["jjjjjjjjjjj"].startswith("cannot open: not a video of a dataset's formats (hls; only mov,mp4,")
+    assert len(reasons) == 4
     twice = [row for row in report["bad"] if row["reason"].startswith("listed twice")]
     assert [row["youtube_id"] for row in twice] == ["aaaaaaaaaaa"]
     assert twice[0]["reason"] == f"listed twice (also {prepared['csvs'][0]}:2)"
     assert report["totals"] == {
         "train": {"air drumming": {"listed": 3, "made": 2, "bad": 1}, "juggling balls": {"listed": 2, "made": 1,
                   "bad": 1}, "zumba": {"listed": 3, "made": 1, "bad": 2}},
-        "val": {"air drumming": {"listed": 1, "made": 1, "bad": 0}, "zumba": {"listed": 1, "made": 1, "bad": 0}}}
+        "val": {"air drumming": {"listed": 1, "made": 1, "bad": 0}, "zumba": {"listed": 2, "made": 1, "bad": 1}}}
 
 
 def test_every_node_made_its_share_and_said_so(cluster: LocalCluster, prepared: dict[str, Any]) -> None:
     out = flat(prepared["first"].stdout)
-    assert "9 clips listed: 0 made already, 1 missing from the source; 8 to make" in out
+    assert "10 clips listed: 0 made already, 1 missing from the source; 9 to make" in out
     for node in cluster.names:
         assert re.search(rf"{node}: done, \d clip\(s\) made", out), out[-3000:]
-    assert "train: 4 of 8 clips made, 4 not; val: 2 of 2 clips made, 0 not; 3 classes." in out
+    assert "train: 4 of 8 clips made, 4 not; val: 2 of 3 clips made, 1 not; 3 classes." in out
     assert "its manifest: 10 files, 4 hashed now" in out  # the lists, the index and the report; not the clips
     for node in cluster.nodes[1:]:  # what they made went to node0; they keep only their bookkeeping
         assert not (node.home / prepared["dest"] / "train").exists()
@@ -192,7 +199,7 @@ def test_a_second_run_makes_and_changes_nothing(cluster: LocalCluster, prepared:
     before = {p: p.stat().st_mtime_ns for p in prepared["out"].rglob("*") if p.is_file()}
     rerun = prepare(cluster, str(prepared["src"]), prepared["csvs"], prepared["dest"])
     assert changed_total(rerun.stdout, cluster.names) == 0, rerun.stdout[-4000:]
-    assert "8 made already, 1 missing from the source; nothing to make." in flat(rerun.stdout)
+    assert "9 made already, 1 missing from the source; nothing to make." in flat(rerun.stdout)
     assert "its manifest: 10 files, 0 hashed now" in flat(rerun.stdout)
     assert "starting" not in rerun.stdout
     assert {p: p.stat().st_mtime_ns for p in prepared["out"].rglob("*") if p.is_file()} == before
@@ -267,7 +274,7 @@ def test_a_shared_destination_is_written_once_from_a_node_source_and_an_interrup
         rerun = prepare(cluster, "node1:raw k400", prepared["csvs"], str(shared), prepare_data_jobs=1)
         out = flat(rerun.stdout)
         made = re.search(r"(\d) made already, 1 missing from the source; (\d) to make", out)
-        assert made and int(made[1]) >= 1 and int(made[2]) >= 1 and int(made[1]) + int(made[2]) == 8, out[-3000:]
+        assert made and int(made[1]) >= 1 and int(made[2]) >= 1 and int(made[1]) + int(made[2]) == 9, out[-3000:]
         assert f"The dest folder ({shared}) is shared by node0, node1, node2" in out
         assert (shared / "train.txt").read_text() == (prepared["out"] / "train.txt").read_text()
         assert (shared / "val.txt").read_text() == (prepared["out"] / "val.txt").read_text()

@@ -27,7 +27,7 @@ from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
 from tests.trainer.test_train import free_port
 from trainer.accel import amp_dtype, autocast, ddp_module, prepare_model, wrap_ddp
 from trainer.config import Config, validate_config
-from trainer.data.decoders import NATIVE, BadVideo, decode_device, open_reader, read_frames
+from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, decode_device, open_reader, read_frames
 from trainer.data.loader import stack_clips
 from trainer.data.transforms import ClipNormalizer, Crop, make_crop, normalize
 from trainer.distributed import DistContext, launch, single_process_context
@@ -230,8 +230,9 @@ def check_gpu_crops() -> dict[str, Any]:
 
 def check_cuda_decoding(video: str) -> dict[str, Any]:
     """DECODER_DEVICE cuda (torchcodec on NVDEC) against the CPU: the same frames, within a few levels (YUV to RGB
-    runs on the GPU there). What the machine lacks for it (a torchcodec built with CUDA, FFmpeg libraries that can
-    hand frames to NVDEC: torchcodec then decodes on the CPU and says why) is reported as not checked."""
+    runs on the GPU there); and under the time limit (a spawned helper) the same frames as without it. What the
+    machine lacks for it (a torchcodec built with CUDA, FFmpeg libraries that can hand frames to NVDEC: torchcodec
+    then decodes on the CPU and says why) is reported as not checked."""
     from trainer.data.decoders import torchcodec_problem
 
     problem = torchcodec_problem()
@@ -261,6 +262,11 @@ def check_cuda_decoding(video: str) -> dict[str, Any]:
     distance = (on_gpu.cpu()[:, None].int() - on_cpu[None].int()).abs().float().mean(dim=(2, 3, 4))
     assert (indices[distance.argmin(dim=1).numpy()] == indices).all(), distance
     assert diff.mean() < 4.0, f"GPU frames differ from the CPU's by {diff.mean():.2f} levels on average"
+    # under DECODE_TIME_LIMIT: decoded on the GPU in a spawned helper, the same frames back on the GPU
+    limited = ClipDecoder("torchcodec", NATIVE, "cuda", 0, time_limit=120.0)
+    assert limited.time_limit is not None and limited.time_limit.spawn is not None
+    in_helper = limited.clip(video, lambda _: indices).frames
+    assert in_helper.device == on_gpu.device and torch.equal(in_helper, on_gpu)
     return {"mean_levels": round(diff.mean().item(), 3), "max_levels": int(diff.max().item())}
 
 

@@ -7,6 +7,7 @@ file, as in decord #373. The videos are the synthetic task's real H.264 files.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -23,16 +24,18 @@ import torch
 
 from tests.trainer import _hanging_decoder
 from tests.trainer._hanging_decoder import HANGING_ENV, LOG_ENV, entered, hanging_env
+from tests.trainer.playlists import live_playlist
 from tests.trainer.test_data import make_cfg, write_list
 from tests.trainer.test_resume import assert_same_run, wait_for
 from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
 from trainer import checkpoint
 from trainer.bad_videos import BadVideos
 from trainer.checkpoint import list_checkpoints
-from trainer.data import build_dataset, build_loader
+from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data import decoders as decoders_module
 from trainer.data.decoders import BadVideo, ClipDecoder, DecodeTimeout
 from trainer.data.sampling import val_indices
+from trainer.data.timelimit import TimeLimit
 from trainer.engine import EpochTally, TrainState
 from trainer.resume import EpochProgress, rng_state
 
@@ -163,6 +166,89 @@ def test_a_mid_epoch_checkpoint_knows_the_runs_bad_videos_and_every_ranks_so_far
     assert known.record() == [[hung, "decoding took longer than 4 s"], [missing, "cannot open: no video stream"],
                               [twice, "decoding took longer than 4 s"]]
     assert BadVideos.from_checkpoint(None).record() == []  # a fresh start knows none
+
+
+def test_a_decoder_in_a_spawned_helper_as_gpu_decoding_uses_gives_the_same_frames_and_the_same_deadline(
+    synthetic_dataset: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU decoding's helper is a fresh interpreter (CUDA does not survive a fork); here on the CPU, the hanging
+    decoder installed in it by hanging_site's sitecustomize (the spawned helper reads the environment, not this
+    process's READERS). Its start is not charged to the clip."""
+    good = good_videos(synthetic_dataset, 1)[0]
+    video = str(Path(synthetic_dataset["TRAIN_DATA_PATH"]) / "train" / "left" / "left_000.mp4")
+    for key, value in hanging_env(video, tmp_path / "entered.log").items():
+        monkeypatch.setenv(key, value)
+    decoder = ClipDecoder("decord", time_limit=LIMIT)
+    decoder.time_limit = TimeLimit(LIMIT, spawn=decoders_module.__name__)  # what a GPU device chooses
+    assert torch.equal(decoder.clip(good, clip_indices).frames, ClipDecoder("decord").clip(good, clip_indices).frames)
+    helper = decoder.time_limit.helper().pid
+    started = time.monotonic()
+    with pytest.raises(DecodeTimeout, match=r"^decoding took longer than 4 s$"):
+        decoder.clip(video, clip_indices)
+    assert LIMIT - 0.5 <= time.monotonic() - started < LIMIT + 60
+    assert entered(tmp_path / "entered.log") == 1 and not alive(helper)
+    assert torch.equal(decoder.clip(good, clip_indices).frames, ClipDecoder("decord").clip(good, clip_indices).frames)
+
+
+def test_check_data_decodes_each_video_by_the_time_limit_and_names_the_one_that_ran_out(
+    hanging: str, synthetic_dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    """The hung video is bad with its reason, and not given to the other decoder (it would wait as long again)."""
+    videos = [hanging, *good_videos(synthetic_dataset, 3)]
+    listing = write_list(tmp_path / "val.txt", [f"{path} 16 0" for path in videos])
+    started = time.monotonic()
+    bad = check_dataset(listing, synthetic_dataset["TRAIN_DATA_PATH"], "decord", LIMIT)
+    assert bad == [(hanging, "decoding took longer than 4 s")]
+    assert time.monotonic() - started < LIMIT + 60 and entered(tmp_path / "entered.log") == 1
+
+
+def test_check_data_refuses_a_live_playlist_unread(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
+    """A live HLS playlist named like a video, its segments a private file: decord would wait for its next segment
+    for ever (here until the time limit). check-data names it unread."""
+    playlist = str(live_playlist(tmp_path / "videos" / "live.mp4", tmp_path / "private"))
+    good = good_videos(synthetic_dataset, 2)
+    listing = write_list(tmp_path / "val.txt", [f"{path} 16 0" for path in [good[0], playlist, good[1]]])
+    for decoder in ("decord", "torchcodec", "auto"):
+        assert check_dataset(listing, synthetic_dataset["TRAIN_DATA_PATH"], decoder, LIMIT) == [  # type: ignore[arg-type]
+            (playlist, "an HLS playlist, not a video: refused unread (a playlist or stream description would make the "
+                       "decoder read the files or streams it names)")]
+    text = tmp_path / "videos" / "notes.mp4"
+    text.write_text("ffconcat version 1.0\nfile 'private.mp4'\n")
+    with pytest.raises(BadVideo, match=r"^a text file, not a video: refused unread"):
+        ClipDecoder("auto").clip(str(text), clip_indices)
+
+
+class HangingOpen(decoders_module.DecordReader):
+    """decord stuck in C while opening one file (the hanging decoder's file), with the GIL held."""
+
+    def __init__(self, path: str, size: tuple[int, int], device: str = "cpu") -> None:
+        if path == os.environ[HANGING_ENV]:
+            ctypes.PyDLL(None).sleep(3600)
+        super().__init__(path, size, device)
+
+
+def test_make_annotations_opens_each_video_by_the_time_limit(
+    hanging: str, synthetic_dataset: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(decoders_module.READERS, "decord", HangingOpen)
+    root = tmp_path / "tree"
+    (root / "left").mkdir(parents=True)
+    for video in [hanging, *good_videos(synthetic_dataset, 2)]:
+        os.symlink(video, root / "left" / Path(video).name)
+    monkeypatch.setenv(HANGING_ENV, str(root / "left" / Path(hanging).name))  # as the tree names it
+    made = write_annotations_from_tree(root, tmp_path / "lists", val_fraction=0.0, time_limit=LIMIT)
+    assert made.skipped == [(os.environ[HANGING_ENV], "decoding took longer than 4 s")]
+    assert len(made.train.read_text().splitlines()) == 2
+
+
+def test_check_data_runs_under_the_configs_time_limit(synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
+    """python -m trainer check-data: the config's DECODE_TIME_LIMIT bounds each video."""
+    cfg, env = hanging_run(synthetic_dataset, tmp_path, "check", workers=1, epochs=1, loader_workers=0)
+    out = run_trainer("-m", "trainer", "check-data", "--config-file", cfg, check=False, **env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [f"BAD {env[HANGING_ENV]}: decoding took longer than 4 s", "1 bad video(s)"]
+    assert entered(Path(env[LOG_ENV])) == 1
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Whole runs

@@ -15,9 +15,12 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import UserError
+
+if TYPE_CHECKING:
+    from trainer.data.decoders import ClipDecoder
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg"})
 
@@ -126,8 +129,18 @@ KINETICS_COLUMNS = ("label", "youtube_id", "time_start", "time_end", "split")
 
 
 def _folder_name(text: str, what: str, where: str) -> str:
-    if not text or text.startswith(".") or "/" in text or "\0" in text:
+    """``text``, a path part of the lists' lines (split/label/youtube_id_start_end.mp4); AnnotationError naming the
+    field when the lists could not hold it."""
+    if not text or text.startswith(".") or "/" in text:
         raise AnnotationError(f"{where}: {what} {text!r} cannot name a folder (empty, starts with '.', or has '/')")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        # a newline would end a list's line inside the path (a forged entry), and a class index line
+        raise AnnotationError(f"{where}: {what} {text!r} holds a control character")
+    if "," in text:
+        raise AnnotationError(f"{where}: {what} {text!r} holds a comma (a list line with a comma is read as "
+                              "comma-separated fields)")
+    if text.startswith("#"):
+        raise AnnotationError(f"{where}: {what} {text!r} starts with '#' (a list line starting so is a comment)")
     return text
 
 
@@ -182,11 +195,11 @@ def write_class_index(path: str | Path, classes: list[str]) -> None:
     Path(path).write_text("".join(f"{name}\n" for name in classes))
 
 
-def count_frames(path: str | Path, decoder: str = "decord") -> int:
-    """Number of frames of a video as CONFIG.DATA.DECODER `decoder` reads it; BadVideo if it cannot open it."""
-    from trainer.data.decoders import ClipDecoder  # imported here so parsing lists never needs a decoder
-
-    reader, _ = ClipDecoder(decoder).open(str(path))  # type: ignore[arg-type]
+def count_frames(path: str | Path, decoder: ClipDecoder) -> int:
+    """Number of frames of a video as `decoder` reads it (by its time limit, when it has one); BadVideo if it cannot
+    open it."""
+    within = decoder.time_limit.start() if decoder.time_limit is not None else None
+    reader, _ = decoder.open(str(path), within=within)
     return len(reader)
 
 
@@ -204,20 +217,23 @@ def _list_tree(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
 
 
 def write_annotations_from_tree(
-    root: str | Path, out_dir: str | Path, val_fraction: float = 0.2, seed: int = 0, decoder: str = "decord"
+    root: str | Path, out_dir: str | Path, val_fraction: float = 0.2, seed: int = 0, decoder: str = "decord",
+    time_limit: float = 60.0,
 ) -> TreeAnnotations:
     """Write GluonCV `train.txt`/`val.txt` (paths relative to `root`) and `classInd.txt` into `out_dir`.
 
     Labels follow the sorted class folder names. Each class is split on its own (seeded shuffle) so both
-    lists keep every class; frame counts come from `decoder` (CONFIG.DATA.DECODER), and videos it cannot open
-    are left out and returned in `skipped`.
+    lists keep every class; frame counts come from `decoder` (CONFIG.DATA.DECODER), each video opened within
+    `time_limit` seconds (CONFIG.DATA.DECODE_TIME_LIMIT's default; 0: none), and videos it cannot open in time are
+    left out and returned in `skipped`.
     """
-    from trainer.data.decoders import BadVideo
+    from trainer.data.decoders import BadVideo, ClipDecoder  # imported here so parsing lists never needs a decoder
 
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     root, out_dir = Path(root), Path(out_dir)
     classes, videos = _list_tree(root)
+    counting = ClipDecoder(decoder, time_limit=time_limit)  # type: ignore[arg-type]
     rng = random.Random(seed)
     lines: dict[str, list[str]] = {"train": [], "val": []}
     skipped: list[tuple[str, str]] = []
@@ -227,7 +243,7 @@ def write_annotations_from_tree(
         num_val = round(len(members) * val_fraction)
         for i, video in enumerate(members):
             try:
-                frames = count_frames(video, decoder)
+                frames = count_frames(video, counting)
             except BadVideo as exc:
                 skipped.append((str(video), str(exc)))
                 continue

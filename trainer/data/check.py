@@ -2,26 +2,33 @@
 and, during training, stop when a whole pass could read none of its videos.
 
 A bad video's reason ends by saying whether the other decoder reads it, so the fix is plain: switch DECODER, or
-re-encode or drop the file.
+re-encode or drop the file. Each video is decoded under the config's DECODE_TIME_LIMIT, as in training: one that
+runs out ("decoding took longer than N s") is bad, and not given to the other decoder (it would wait as long again).
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from trainer.data.annotations import read_annotations
-from trainer.data.decoders import BadVideo, ClipDecoder, DecoderChoice, DecoderUnavailable, check_file
+from trainer.data.decoders import BadVideo, ClipDecoder, DecoderChoice, DecoderUnavailable, DecodeTimeout, check_file
 from trainer.errors import UserError
 
 CHECK_PROCESSES = 2
 # The decoder to ask about a video the configured one cannot read.
 OTHER: dict[DecoderChoice, DecoderChoice] = {"decord": "torchcodec", "torchcodec": "decord", "auto": "torchcodec"}
+
+
+@functools.cache
+def decoder_of(choice: DecoderChoice, time_limit: float) -> ClipDecoder:
+    """One decoder per choice in each checking process: its helper (the time limit's) serves every video."""
+    return ClipDecoder(choice, time_limit=time_limit)
 
 
 def probe_video(decoder: ClipDecoder, path: str) -> str | None:
@@ -33,29 +40,34 @@ def probe_video(decoder: ClipDecoder, path: str) -> str | None:
     return None
 
 
-def check_video(choice: DecoderChoice, path: str) -> str | None:
+def check_video(choice: DecoderChoice, time_limit: float, path: str) -> str | None:
     """None for a good video; for a bad one, the reason and whether the other decoder reads it."""
     try:
         check_file(path)
     except BadVideo as exc:
         return str(exc)  # nothing to ask another decoder
-    reason = probe_video(ClipDecoder(choice), path)
-    if reason is None:
+    try:
+        decoder_of(choice, time_limit).clip(path, lambda n: np.array([0, n - 1]))
         return None
+    except DecodeTimeout as exc:
+        return str(exc)
+    except BadVideo as exc:
+        reason = str(exc)
     if choice == "auto" and reason.startswith("decord: "):
         return f"{reason} (neither decoder reads it)"  # auto has already tried torchcodec
     other = OTHER[choice]
     try:
-        verdict = probe_video(ClipDecoder(other), path)
+        verdict = probe_video(decoder_of(other, time_limit), path)
     except DecoderUnavailable as exc:
         return f"{reason}; cannot ask {other} ({exc})"
     return f"{reason}; {other} reads it" if verdict is None else f"{reason}; {other} cannot either ({verdict})"
 
 
 def check_dataset(
-    anno_path: str | Path, data_root: str | Path, decoder: DecoderChoice = "decord"
+    anno_path: str | Path, data_root: str | Path, decoder: DecoderChoice = "decord", time_limit: float = 0.0
 ) -> list[tuple[str, str]]:
-    """(path, reason) of every bad video in an annotation list, in list order; [] when all are fine."""
+    """(path, reason) of every bad video in an annotation list, in list order; [] when all are fine. ``time_limit``
+    (CONFIG.DATA.DECODE_TIME_LIMIT; 0: none): seconds each video may take."""
     paths = [record.path for record in read_annotations(anno_path, data_root)]
     # fork: the children only need the already-imported decoders, and spawn would re-import torch in each.
     context = multiprocessing.get_context("fork")
@@ -63,7 +75,7 @@ def check_dataset(
     # OpenMP thread pool (it hangs there).
     with ProcessPoolExecutor(CHECK_PROCESSES, mp_context=context, initializer=torch.set_num_threads,
                              initargs=(1,)) as pool:
-        reasons = list(pool.map(partial(check_video, decoder), paths, chunksize=8))
+        reasons = list(pool.map(functools.partial(check_video, decoder, time_limit), paths, chunksize=8))
     return [(path, reason) for path, reason in zip(paths, reasons, strict=True) if reason is not None]
 
 

@@ -23,9 +23,16 @@ differ by a few levels at colour edges (about 3 on average on the tests' per-pix
 The readers are opened where the clip is decoded, i.e. inside the DataLoader worker; nothing here is shared
 between processes. Errors a video causes become `BadVideo` with a one-line reason.
 
-Time limit (CONFIG.DATA.DECODE_TIME_LIMIT, CPU decoding): the readers then live in the decoding process's helper
-(trainer.data.timelimit), and a clip that is not decoded in time, or whose decoder crashes, is a bad video
-(`DecodeTimeout`: "decoding took longer than N s") instead of a hung or dead worker.
+Time limit (CONFIG.DATA.DECODE_TIME_LIMIT): the readers then live in the decoding process's helper
+(trainer.data.timelimit; for GPU decoding a spawned one, as CUDA does not survive a fork), and a clip that is not
+decoded in time, or whose decoder crashes, is a bad video (`DecodeTimeout`: "decoding took longer than N s") instead
+of a hung or dead worker.
+
+Only videos are opened: a text file is refused unread (`check_file`). decord and torchcodec take no list of allowed
+demuxers or protocols (ffmpeg's -format_whitelist, -protocol_whitelist), and the demuxers that read other files or
+the network for one input (an HLS or DASH playlist, a concat list, an SDP description) all read a text file: a live
+playlist would make the decoder wait for ever, and a playlist named like a clip would pull another file (any
+``file://`` address, a private one) into the dataset.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ from trainer.hardware import decoder_device_problem
 Backend = Literal["decord", "torchcodec"]
 DecoderChoice = Literal["decord", "torchcodec", "auto"]
 NATIVE: tuple[int, int] = (-1, -1)  # (width, height) that keeps the video's own size
+SNIFF_BYTES = 4096  # how much of a file tells a video (binary) from a playlist or description (text)
+# Bytes no text has (whitespace aside); every video container's first bytes have some (mp4 box sizes, EBML, RIFF).
+BINARY_BYTES = bytes([*range(0, 9), *range(14, 32), 127])
 
 log = logging.getLogger("trainer")
 
@@ -163,6 +173,7 @@ class HelperReader:
 
     def __init__(self, backend: Backend, path: str, size: tuple[int, int], device: str, within: Deadline) -> None:
         self.backend = backend
+        self.device = device
         self._within = within
         self._length: int = within.call(_open_in_helper, backend, path, size, device)
 
@@ -170,7 +181,8 @@ class HelperReader:
         return self._length
 
     def get_frames(self, indices: list[int]) -> torch.Tensor:
-        return self._within.call(_read_in_helper, indices)
+        frames = self._within.call(_read_in_helper, indices)  # on the CPU: it came through shared memory
+        return frames if self.device == "cpu" else frames.to(self.device)
 
 
 def _open_in_helper(state: State, backend: Backend, path: str, size: tuple[int, int], device: str) -> int:
@@ -179,7 +191,7 @@ def _open_in_helper(state: State, backend: Backend, path: str, size: tuple[int, 
 
 
 def _read_in_helper(state: State, indices: list[int]) -> torch.Tensor:
-    return state["reader"].get_frames(indices)
+    return state["reader"].get_frames(indices).cpu()
 
 
 @functools.cache
@@ -220,7 +232,8 @@ def decode_device(requested: str, gpu: int = 0) -> str:
 
 
 def check_file(path: str) -> None:
-    """BadVideo for what no decoder can read: a missing, unreadable, non-regular or empty file."""
+    """BadVideo for what no decoder can read or may read: a missing, unreadable, non-regular or empty file, or a
+    text file (a playlist or a stream description: what it names is not read)."""
     try:  # one stat: the file may vanish between two looks (an unmounted share)
         info = os.stat(path)
     except FileNotFoundError as exc:
@@ -231,6 +244,15 @@ def check_file(path: str) -> None:
         raise BadVideo("not a regular file")
     if info.st_size == 0:
         raise BadVideo("empty file (0 bytes)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError as exc:
+        raise BadVideo(f"cannot read: {exc.strerror}") from exc
+    if head.translate(None, BINARY_BYTES) == head:  # no byte of a binary file
+        kind = "an HLS playlist" if head.startswith(b"#EXTM3U") else "a text file"
+        raise BadVideo(f"{kind}, not a video: refused unread (a playlist or stream description would make the "
+                       "decoder read the files or streams it names)")
 
 
 def open_reader(
@@ -274,9 +296,9 @@ class ClipDecoder:
     """Decodes clips with CONFIG.DATA.DECODER at a decode size; cheap to pickle into DataLoader workers.
 
     `device` is CONFIG.DATA.DECODER_DEVICE ('cpu' or 'cuda', torchcodec only) and `gpu` the process's GPU index.
-    `time_limit` (CONFIG.DATA.DECODE_TIME_LIMIT, seconds; 0: none): each clip, on the CPU, is decoded in this
-    process's helper by that deadline (trainer.data.timelimit). Decoding on a GPU stays in this process: a forked
-    helper cannot use CUDA.
+    `time_limit` (CONFIG.DATA.DECODE_TIME_LIMIT, seconds; 0: none): each clip is decoded in this process's helper
+    by that deadline (trainer.data.timelimit): a forked one on the CPU, a spawned one on a GPU (a forked child cannot
+    use CUDA; the frames come back through the CPU).
     """
 
     def __init__(
@@ -293,7 +315,8 @@ class ClipDecoder:
         # auto: videos decord could not open in this process, and why; they go straight to torchcodec next time.
         self._decord_cannot_open: dict[str, str] = {}
         self._fitted: dict[str, tuple[int, int]] = {}  # clip(short_side=...): each video's decode size
-        self.time_limit = TimeLimit(time_limit) if time_limit > 0 and self.device == "cpu" else None
+        spawn = None if self.device == "cpu" else __name__  # the helper imports this module's readers
+        self.time_limit = TimeLimit(time_limit, spawn) if time_limit > 0 else None
 
     def open(
         self, path: str, size: tuple[int, int] | None = None, within: Deadline | None = None

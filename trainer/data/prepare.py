@@ -69,9 +69,17 @@ if TYPE_CHECKING:
 STATE_DIR = ".vidcluster-prepare"  # the tools' own prefix: never listed, staged or hashed as data
 STATE_FORMAT = "vidcluster-prepare/1"
 TMP_PREFIX = ".vidcluster-tmp-"
+LIST_SUFFIX, CLASS_INDEX, REPORT = ".txt", "classInd.txt", "report.json"  # DEST's lists and own files, by lists()
+OWN_FILES = (CLASS_INDEX, REPORT)
 BEAT_SECONDS = 1.0
 STOP_WAIT = 30.0
+STALL_MARGIN = 10.0  # seconds past a clip's limit before a run in which no clip finishes is ended
 RSYNC_SSH = "ssh -o BatchMode=yes"  # the cluster's SSH mesh (setup-cluster.yml): node names, verified host keys
+# The demuxers of a video dataset (Kinetics' downloads: mp4, webm, mkv; older sets: avi, flv, MPEG): none that reads
+# other files or the network for a source (a playlist, hls or dash, or concat): a source named like a clip is read
+# as the video it is, or refused. With the file protocol only, nothing else is opened.
+DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,flv,mpeg,mpegts"
+INPUT_ONLY = ("-format_whitelist", DEMUXERS, "-protocol_whitelist", "file")
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 
 
@@ -143,6 +151,7 @@ def read_clips(paths: list[str]) -> tuple[list[KineticsClip], list[tuple[Kinetic
     try:
         for path in paths:
             for clip in read_kinetics_csv(path):
+                split_problem(clip)
                 first = clips.setdefault(clip_path(clip), clip)
                 if first is not clip:
                     again.append((clip, f"listed twice (also {first.where})"))
@@ -151,6 +160,16 @@ def read_clips(paths: list[str]) -> tuple[list[KineticsClip], list[tuple[Kinetic
     if not clips:
         raise PrepareError(f"{', '.join(paths)}: no clips listed")
     return list(clips.values()), again
+
+
+def split_problem(clip: KineticsClip) -> None:
+    """PrepareError naming the CSV's line when the clip's split would name one of DEST's own files: its list
+    <split>.txt is another of them (split "classInd"), or its folder <split>/ is one (split "report.json", or
+    "train.txt", the list of split "train")."""
+    split = clip.split
+    if f"{split}{LIST_SUFFIX}" in OWN_FILES or split in OWN_FILES or split.endswith(LIST_SUFFIX):
+        raise PrepareError(f"{clip.where}: split {split!r} would overwrite the dataset's own files "
+                           f"({', '.join(OWN_FILES)}, the lists <split>{LIST_SUFFIX})")
 
 
 def class_names(clips: list[KineticsClip]) -> list[str]:
@@ -245,7 +264,7 @@ def plan(csvs: list[str], index_file: str, state_file: str, layout: dict[str, An
         if found is None:
             planned = "missing from the source"
             missing += 1
-        elif _current(made.get(clip_path(clip)), found, digest):
+        elif up_to_date(made.get(clip_path(clip)), found, digest):
             done += 1
         else:
             todo.append({"src": found[0], "out": clip_path(clip), "size": found[1], "mtime_ns": found[2],
@@ -280,8 +299,9 @@ def node_spec(node: dict[str, Any], layout: dict[str, Any], options: Options,
             "send": None if node["writes_dest"] else {"host": layout["collector"], "handle": layout["dest_handle"]}}
 
 
-def _current(made: dict[str, Any] | None, found: tuple[str, int, int], digest: str) -> bool:
-    """Whether a clip's state says it was made (or found bad) from this very source with these options."""
+def up_to_date(made: dict[str, Any] | None, found: tuple[str, int, int], digest: str) -> bool:
+    """Whether a clip's state says it was made (or found bad) from this very source with these options: then it is
+    not made again (a clip that could not be made is tried again only when its source or the options change)."""
     return made is not None and made["source"] == list(found) and made["options"] == digest
 
 
@@ -316,12 +336,33 @@ def human(n: float) -> str:
 # Making one clip (on a node)
 
 
-def ffprobe(path: str, *entries: str) -> dict[str, Any]:
+def run_tool(argv: list[str], deadline: float, timeout: float) -> subprocess.CompletedProcess[str]:
+    """ffmpeg or ffprobe, killed when the clip's deadline (time.monotonic()) passes: PrepareError "making the clip
+    took longer than N s" (``timeout``: the clip's limit), naming the tool. SIGKILL: ffmpeg reloading a live
+    playlist does not heed SIGTERM."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False,
+                              timeout=max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        raise PrepareError(f"making the clip took longer than {timeout:g} s ({argv[0]} was still running)") from None
+
+
+def tool_error(stderr: str, fallback: str) -> str:
+    """ffmpeg's or ffprobe's reason in one line: what the whitelists refused, else its last error line."""
+    lines = stderr.strip().splitlines()
+    refused = next((line for line in lines if "not on whitelist" in line), None)
+    if refused is not None:
+        demuxer = refused.split(" @ ")[0].lstrip("[")
+        return f"not a video of a dataset's formats ({demuxer}; only {DEMUXERS} are read, and only the file itself)"
+    return lines[-1] if lines else fallback
+
+
+def ffprobe(path: str, deadline: float, timeout: float, *entries: str) -> dict[str, Any]:
     """ffprobe's JSON of the first video stream and the format; PrepareError with its first error line."""
-    done = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries", ":".join(entries),
-                           "-of", "json", path], capture_output=True, text=True, check=False)
+    done = run_tool(["ffprobe", "-v", "error", *INPUT_ONLY, "-select_streams", "v:0", "-show_entries",
+                     ":".join(entries), "-of", "json", path], deadline, timeout)
     if done.returncode != 0:
-        raise PrepareError((done.stderr.strip().splitlines() or [f"ffprobe exits {done.returncode}"])[-1])
+        raise PrepareError(tool_error(done.stderr, f"ffprobe exits {done.returncode}"))
     return json.loads(done.stdout or "{}")
 
 
@@ -333,8 +374,8 @@ def ffmpeg_argv(src: str, out: str, trim: list[float] | None, options: Options) 
     scale = f"scale=w='if(lte(iw,ih),{s},-2)':h='if(lte(iw,ih),-2,{s})'"
     seek = ["-ss", f"{trim[0]:g}"] if trim else []
     length = ["-t", f"{trim[1] - trim[0]:g}"] if trim else []
-    return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-threads", "1", *seek, "-i", src,
-            *length, "-map", "0:v:0", "-an", "-sn", "-dn", "-vf", f"fps={options.fps},{scale}",
+    return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-threads", "1", *INPUT_ONLY, *seek,
+            "-i", src, *length, "-map", "0:v:0", "-an", "-sn", "-dn", "-vf", f"fps={options.fps},{scale}",
             "-filter_threads", "1", "-c:v", "libx264", "-preset", options.preset, "-crf", str(options.crf),
             "-g", str(options.keyint), "-keyint_min", str(options.keyint), "-sc_threshold", "0",
             "-pix_fmt", "yuv420p", "-threads", "1", "-movflags", "+faststart", "-f", "mp4", out]
@@ -353,12 +394,13 @@ def shortfall(job: dict[str, Any], duration: float | None, options: Options) -> 
 
 
 def make_clip(job: dict[str, Any], src_dir: str, out_dir: str, options: Options) -> dict[str, Any]:
-    """Make one clip; its result record (the state's entry, with "out")."""
+    """Make one clip, by the deadline options.timeout; its result record (the state's entry, with "out")."""
     result: dict[str, Any] = {"out": job["out"], "source": [job["src"], job["size"], job["mtime_ns"]],
                               "options": options.digest(), "ok": False, "reason": "", "frames": 0, "file": None}
     out = os.path.join(out_dir, job["out"])
     try:
-        result.update(transcode(job, os.path.join(src_dir, job["src"]), out, options))
+        result.update(transcode(job, os.path.join(src_dir, job["src"]), out, options,
+                                time.monotonic() + options.timeout))
     except PrepareError as exc:
         result["reason"] = str(exc)
         with contextlib.suppress(FileNotFoundError):
@@ -366,9 +408,9 @@ def make_clip(job: dict[str, Any], src_dir: str, out_dir: str, options: Options)
     return result
 
 
-def transcode(job: dict[str, Any], src: str, out: str, options: Options) -> dict[str, Any]:
+def transcode(job: dict[str, Any], src: str, out: str, options: Options, deadline: float) -> dict[str, Any]:
     try:
-        info = ffprobe(src, "stream=codec_name", "format=duration")
+        info = ffprobe(src, deadline, options.timeout, "stream=codec_name", "format=duration")
     except PrepareError as exc:
         raise PrepareError(f"cannot open: {exc}") from None
     if not info.get("streams"):
@@ -380,20 +422,17 @@ def transcode(job: dict[str, Any], src: str, out: str, options: Options) -> dict
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = os.path.join(os.path.dirname(out), TMP_PREFIX + os.path.basename(out))
     try:
-        done = subprocess.run(ffmpeg_argv(src, tmp, job["trim"], options), capture_output=True, text=True,
-                              timeout=options.timeout, check=False)
-    except subprocess.TimeoutExpired:
+        done = run_tool(ffmpeg_argv(src, tmp, job["trim"], options), deadline, options.timeout)
+        if done.returncode != 0:
+            raise PrepareError(f"transcoding failed: {tool_error(done.stderr, 'no message')}")
+        frames = int(ffprobe(tmp, deadline, options.timeout, "stream=nb_frames").get("streams", [{}])[0]
+                     .get("nb_frames") or 0)
+        if frames == 0:
+            raise PrepareError("transcoding made no frames")
+    except PrepareError:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        raise PrepareError(f"transcoding took longer than {options.timeout:g} s") from None
-    if done.returncode != 0:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise PrepareError(f"transcoding failed: {(done.stderr.strip().splitlines() or ['no message'])[-1]}")
-    frames = int(ffprobe(tmp, "stream=nb_frames").get("streams", [{}])[0].get("nb_frames") or 0)
-    if frames == 0:
-        os.unlink(tmp)
-        raise PrepareError("transcoding made no frames")
+        raise
     os.replace(tmp, out)
     st = os.stat(out)
     return {"ok": True, "frames": frames, "file": [st.st_size, st.st_mtime_ns, manifest.sha256_file(os.fsencode(out))]}
@@ -403,24 +442,48 @@ def transcode(job: dict[str, Any], src: str, out: str, options: Options) -> dict
 # A node's run: its share, fetched, made and delivered
 
 
-class Progress:
-    """The run's numbers, in WORK/progress.json (replaced atomically every BEAT_SECONDS and at the end)."""
+def stalled(state: dict[str, Any], idle: float, limit: float) -> str | None:
+    """Why a run must end, or None: transcoding, no clip finished for ``idle`` seconds, more than a clip may take
+    (``limit``, options.timeout) and STALL_MARGIN; each clip has that deadline, so something hangs outside it."""
+    if state["phase"] != "transcoding" or idle <= limit + STALL_MARGIN:
+        return None
+    making = ", ".join(sorted(state["making"])) or "nothing"
+    return f"no clip finished for {idle:.0f} s (a clip may take {limit:g} s); still making: {making}"
 
-    def __init__(self, path: str, total: int) -> None:
-        self.path = path
+
+class Progress:
+    """The run's numbers, in WORK/progress.json (replaced atomically every BEAT_SECONDS and at the end), and the
+    clips being made ("making", their sources). A heartbeat that goes on while no clip finishes is no sign of life:
+    the beat ends the run (``stalled``)."""
+
+    def __init__(self, path: str, total: int, limit: float) -> None:
+        self.path, self.limit = path, limit
         self.state: dict[str, Any] = {"pid": os.getpid(), "beat": 0, "phase": "starting", "total": total, "made": 0,
-                                      "bad": 0, "finished": False}
+                                      "bad": 0, "making": [], "finished": False}
         self.lock = threading.Lock()
+        self.last_done = time.monotonic()  # the last clip that finished, or the phase's start
         self.write()
 
     def update(self, **fields: Any) -> None:
         with self.lock:
+            if any(key in fields for key in ("made", "bad", "phase")):
+                self.last_done = time.monotonic()
             for key, value in fields.items():
                 self.state[key] = self.state[key] + value if key in ("made", "bad") else value
+
+    def making(self, src: str, started: bool) -> None:
+        with self.lock:
+            (self.state["making"].append if started else self.state["making"].remove)(src)
 
     def beat(self) -> None:
         while not self.state["finished"]:
             time.sleep(BEAT_SECONDS)
+            with self.lock:
+                error = stalled(self.state, time.monotonic() - self.last_done, self.limit)
+            if error is not None:
+                self.update(finished=True, rc=1, error=error)
+                self.write()
+                os.killpg(0, signal.SIGKILL)  # the run and every ffmpeg it started (stop_on_term's way)
             self.write()
 
     def write(self) -> None:
@@ -506,7 +569,9 @@ def run(work: str, progress: Progress) -> None:
     with open(results, "a", encoding="utf-8") as record:
 
         def one(job: dict[str, Any]) -> None:
+            progress.making(job["src"], started=True)
             result = make_clip(job, src_dir, out_dir, options)
+            progress.making(job["src"], started=False)
             with written:
                 record.write(json.dumps(result) + "\n")
                 record.flush()
@@ -551,7 +616,9 @@ def run_detached(work: str, detach: bool) -> int:
     try:
         _lock = take_lock(work)
         stop_on_term()
-        progress = Progress(os.path.join(work, "progress.json"), len(read_spec(work)["jobs"]))
+        spec = read_spec(work)
+        progress = Progress(os.path.join(work, "progress.json"), len(spec["jobs"]),
+                            Options.from_json(spec["options"]).timeout)
         os.write(started_w, b"1")
         threading.Thread(target=progress.beat, daemon=True).start()
         error = ""
@@ -627,22 +694,43 @@ def fold_state(dest: str, work: str) -> dict[str, Any]:
                 result = json.loads(line)
                 outputs[result.pop("out")] = result
     for out, entry in list(outputs.items()):
-        if entry["ok"]:
-            try:
-                st = os.stat(os.path.join(dest, out))
-            except FileNotFoundError:
-                del outputs[out]
-                continue
-            if st.st_size != entry["file"][0]:
-                del outputs[out]
-            elif st.st_mtime_ns != entry["file"][1]:
-                entry["file"][1] = st.st_mtime_ns  # sent by rsync -t: the same second, the same content
+        try:
+            st = os.stat(os.path.join(dest, out))
+            found: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            found = None
+        if not still_made(entry, found):
+            del outputs[out]
     text = state_text(outputs)
     if text != before:
         manifest.write_atomically(state_path, text)
     for path in results:
         path.unlink()
     return {"changed": text != before, "clips": len(outputs), "path": state_path, "dest": dest}
+
+
+def still_made(entry: dict[str, Any], found: tuple[int, int] | None) -> bool:
+    """Whether a clip's state entry stands, given its file in DEST ((size, mtime_ns), None when missing): a made clip
+    whose file went missing or changed size is forgotten, so it is made again; one whose mtime alone changed (sent
+    by rsync -t: the same second, the same content) stands, its entry given the new mtime. A clip that could not be
+    made has no file: its entry stands."""
+    if not entry["ok"]:
+        return True
+    if found is None or found[0] != entry["file"][0]:
+        return False
+    entry["file"][1] = found[1]
+    return True
+
+
+def not_listed_because(planned: str | None, entry: dict[str, Any] | None) -> str | None:
+    """Why a catalog row is not in the lists, None when it is (made): the plan's reason first ("missing from the
+    source"; "listed twice": a state entry for that output is the other listing's), else why the clip could not be
+    made, else that the run stopped before it."""
+    if planned is not None:
+        return planned
+    if entry is None:
+        return "not made yet (the run stopped first)"
+    return None if entry["ok"] else entry["reason"]
 
 
 def lists(catalog_file: str, state_file: str, out: str) -> dict[str, Any]:
@@ -659,24 +747,24 @@ def lists(catalog_file: str, state_file: str, out: str) -> dict[str, Any]:
     bad: list[dict[str, Any]] = []
     totals: dict[str, dict[str, dict[str, int]]] = {}
     for out_rel, split, label, youtube_id, start, end, planned in catalog["rows"]:
-        entry = outputs.get(out_rel) if planned is None else None
+        entry = outputs.get(out_rel)
         count = totals.setdefault(split, {}).setdefault(label, {"listed": 0, "made": 0, "bad": 0})
         count["listed"] += 1
         lines.setdefault(split, [])
-        if entry is not None and entry["ok"]:
+        reason = not_listed_because(planned, entry)
+        if reason is None:
             count["made"] += 1
-            lines[split].append(annotation_line(out_rel, entry["frames"], label_of[label]))
+            lines[split].append(annotation_line(out_rel, outputs[out_rel]["frames"], label_of[label]))
             continue
         count["bad"] += 1
-        reason = planned or (entry["reason"] if entry is not None else "not made yet (the run stopped first)")
         bad.append({"split": split, "label": label, "youtube_id": youtube_id, "time_start": start,
                     "time_end": end, "clip": out_rel, "reason": reason})
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     for split, split_lines in lines.items():
-        Path(out, f"{split}.txt").write_text("".join(split_lines), encoding="utf-8")
-    write_class_index(Path(out, "classInd.txt"), classes)
-    Path(out, "report.json").write_text(report_text(totals, bad), encoding="utf-8")
+        Path(out, f"{split}{LIST_SUFFIX}").write_text("".join(split_lines), encoding="utf-8")
+    write_class_index(Path(out, CLASS_INDEX), classes)
+    Path(out, REPORT).write_text(report_text(totals, bad), encoding="utf-8")
     summary = {split: {k: sum(c[k] for c in per_class.values()) for k in ("listed", "made", "bad")}
                for split, per_class in sorted(totals.items())}
     text = "; ".join(f"{split}: {n['made']} of {n['listed']} clips made, {n['bad']} not" for split, n in

@@ -21,6 +21,11 @@ fills and passes over the socket: one copy of the frames, no pickling; anything 
 
 The helper ignores stop signals (they are the training process's, as in the DataLoader workers) and ends with its
 parent: on the end of its socket, or by the kernel (PR_SET_PDEATHSIG) when the parent is killed.
+
+``TimeLimit(seconds, spawn=MODULE)`` (GPU decoding: CUDA cannot be used in a forked child of a process that uses it)
+starts each helper as a fresh interpreter instead (``python -c``, this package on its path, the socket passed as a
+file descriptor) that imports MODULE (the calls' functions) before it says it is ready, within START_LIMIT: its start
+is not charged to a clip's deadline. A tensor still comes back as a CPU tensor (the caller moves it to its device).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import importlib
 import mmap
 import os
 import pickle
@@ -38,6 +44,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -46,6 +53,12 @@ from trainer.errors import first_line
 
 MAX_MESSAGE = 1 << 20  # requests and answers other than frames are small: a path, a clip's frame indices
 PR_SET_PDEATHSIG = 1
+START_LIMIT = 300.0  # seconds a spawned helper may take to import torch and say it is ready (a loaded node)
+READY = b"ready"
+# A spawned helper's program: the package this file is in importable, then serve (argv: socket fd, parent pid, the
+# module to import first).
+SPAWNED = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); "
+           "from trainer.data.timelimit import serve_spawned; serve_spawned()")
 
 State = dict[str, Any]
 
@@ -76,20 +89,28 @@ def is_exceeded(reason: str) -> bool:
 
 
 class Helper:
-    """One forked process that runs calls for the process that forked it, one at a time."""
+    """One forked (or spawned) process that runs calls for the process that started it, one at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, spawn: str | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            ours.close()
-            _serve(theirs, parent)
+        if spawn is not None:
+            theirs.set_inheritable(True)
+            argv = [sys.executable, "-c", SPAWNED, str(theirs.fileno()), str(parent), spawn]
+            pid = os.posix_spawn(sys.executable, argv, os.environ)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                ours.close()
+                _serve(theirs, parent)
         theirs.close()
         self.pid, self.sock, self.owner = pid, ours, parent
         # When this object goes (a dataset dropped, the process ending), so does the helper. A forked child (a
         # DataLoader worker) holds a copy of this object: there it only closes its copy of the socket.
         self._release = weakref.finalize(self, _release, pid, ours, parent)
+        ready = spawn is None or (select.select([ours], [], [], START_LIMIT)[0] and ours.recv(MAX_MESSAGE) == READY)
+        if not ready:
+            raise HelperDied(f"the decoder's process did not start within {START_LIMIT:g} s ({self.stop()})")
 
     def call(self, fn: Callable[..., Any], args: tuple[Any, ...], deadline: float) -> Any:
         """``fn(state, *args)`` in the helper; TimeLimitExceeded (the helper killed) when it is not done by
@@ -131,12 +152,13 @@ class TimeLimit:
     """Each clip's deadline, and this process's helper (forked when first needed, again after one was killed).
     Cheap to pickle: the helper stays with the process that forked it."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, spawn: str | None = None) -> None:
         self.seconds = seconds
+        self.spawn = spawn
         self._helper: Helper | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "_helper": None}
+        return {"seconds": self.seconds, "spawn": self.spawn, "_helper": None}
 
     def start(self) -> Deadline:
         return Deadline(self, time.monotonic() + self.seconds)
@@ -145,7 +167,7 @@ class TimeLimit:
         helper = self._helper
         if helper is None or helper.owner != os.getpid() or helper.sock.fileno() < 0:
             # A DataLoader worker inherits its parent's helper object: that helper is the parent's, not the worker's.
-            helper = self._helper = Helper()
+            helper = self._helper = Helper(self.spawn)
         return helper
 
 
@@ -192,6 +214,14 @@ def _serve(sock: socket.socket, parent: int) -> NoReturn:
         status = 0
     finally:
         os._exit(status)
+
+
+def serve_spawned() -> NoReturn:
+    """A spawned helper's life (SPAWNED runs it): its socket, parent and module from argv; ready once imported."""
+    importlib.import_module(sys.argv[3])
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    sock.send(READY)
+    _serve(sock, int(sys.argv[2]))
 
 
 def _become_helper(parent: int) -> None:

@@ -2,13 +2,18 @@
 environment's Python; it imports torch, decord or torchcodec and the standard library, nothing of the trainer):
 
     python node_check.py --node NAME --data-path DIR --decoder decord|torchcodec|auto [--clip-len 8]
-                         [--frame-rate 1] [--height 112] [--width 112] [--seconds 2]
+                         [--frame-rate 1] [--height 112] [--width 112] [--seconds 2] [--time-limit 60]
 
 Three figures, each measured for about --seconds and reported with the seconds it took:
 - matmul: float32 matrix multiplies (bfloat16 on a GPU, as mixed precision trains), TFLOP/s: on every GPU, the
   slowest GPU being the node's figure (DDP waits for it), else on the CPU with torch's threads;
 - decode: clips/s, each clip --clip-len frames --frame-rate apart at --height x --width, decoded with the config's
   decoder (auto: decord, as the dataset tries first) from the videos under --data-path (the staged dataset), in turn;
+  in a forked process, each clip by --time-limit seconds (the config's DECODE_TIME_LIMIT; 0: none): a video that
+  hangs the decoder (a live HLS playlist named like a video waits for ever) ends the figure with an error naming
+  it. A text file named like a video (a playlist: the decoder would read what it names) is refused unread: decord
+  and torchcodec take no list of allowed demuxers (trainer/data/decoders.py's check_file, of which this is a copy:
+  this file runs without the trainer);
 - read: MB/s of reading those videos from the disk, each file's cached pages dropped first (posix_fadvise DONTNEED)
   so the disk is read and not the page cache.
 Prints one JSON object: {"node", "matmul", "decode", "read"}, each {"value", "unit", "seconds", "detail"} or {"error"}.
@@ -20,6 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +35,8 @@ from typing import Any
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".webm", ".mov"}
 READ_CHUNK = 1 << 20
+SNIFF_BYTES = 4096
+BINARY_BYTES = bytes([*range(0, 9), *range(14, 32), 127])  # no text has them; every video container's start does
 
 
 def timed(seconds: float, step: Callable[[int], float]) -> tuple[float, float]:
@@ -99,13 +109,25 @@ def clip_reader(decoder: str, height: int, width: int) -> Callable[[Path, int, i
     return with_torchcodec
 
 
+def refuse_text(path: Path) -> None:
+    """ValueError naming a text file (a playlist, a concat list) named like a video."""
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    if head.translate(None, BINARY_BYTES) == head:
+        raise ValueError(f"{path}: a text file (a playlist?), not a video: refused unread")
+
+
 def decode(data_path: Path, decoder: str, clip_len: int, frame_rate: int, height: int, width: int,
-           seconds: float) -> dict[str, Any]:
+           seconds: float, started: Callable[[str], None]) -> dict[str, Any]:
+    """The decode figure; ``started(path)`` before each clip."""
     files = videos(data_path)
     read_clip = clip_reader(decoder, height, width)
 
     def step(i: int) -> float:
-        read_clip(files[i % len(files)], clip_len, frame_rate)
+        path = files[i % len(files)]
+        started(str(path))
+        refuse_text(path)
+        read_clip(path, clip_len, frame_rate)
         return 1.0
 
     clips, elapsed = timed(seconds, step)
@@ -146,6 +168,48 @@ def measured(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {text[0] if text else ''}"}
 
 
+def within(limit: float, measure: Callable[[Callable[[str], None]], dict[str, Any]]) -> dict[str, Any]:
+    """``measured(measure(started))`` in a forked process that calls ``started(what)`` before each step: a step not
+    done within ``limit`` seconds (0: none) kills it, and the figure is an error naming the step. A decoder hung in C
+    with the GIL held (decord #373) cannot be stopped from inside its own process."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its lines are JSON, {"step": what} then {"result": figure}
+        os.close(read_end)
+        try:
+            if "torch" in sys.modules:  # a forked process must not enter its parent's OpenMP pool (it hangs there)
+                sys.modules["torch"].set_num_threads(1)
+
+            def say(message: dict[str, Any]) -> None:
+                os.write(write_end, (json.dumps(message) + "\n").encode())
+
+            say({"result": measured(lambda: measure(lambda what: say({"step": what})))})
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    step, pending = "starting", b""
+    try:
+        while True:
+            if b"\n" not in pending:
+                if not select.select([read_end], [], [], limit or None)[0]:
+                    return {"error": f"TimeoutError: {step}: decoding took longer than {limit:g} s"}
+                chunk = os.read(read_end, 65536)
+                if not chunk:
+                    return {"error": f"ChildProcessError: {step}: the decoding process died"}
+                pending += chunk
+                continue
+            line, pending = pending.split(b"\n", 1)
+            message = json.loads(line)
+            if "result" in message:
+                return message["result"]
+            step = message["step"]
+    finally:
+        os.close(read_end)
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:  # still running (hung)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--node", required=True)
@@ -156,13 +220,15 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=112)
     parser.add_argument("--width", type=int, default=112)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--time-limit", type=float, default=60.0)
     args = parser.parse_args()
     data_path = args.data_path.expanduser()
     print(json.dumps({
         "node": args.node,
         "matmul": measured(lambda: matmul(args.seconds)),
-        "decode": measured(lambda: decode(data_path, args.decoder, args.clip_len, args.frame_rate, args.height,
-                                          args.width, args.seconds)),
+        "decode": within(args.time_limit, lambda started: decode(data_path, args.decoder, args.clip_len,
+                                                                 args.frame_rate, args.height, args.width,
+                                                                 args.seconds, started)),
         "read": measured(lambda: read(data_path, args.seconds)),
     }))
 
