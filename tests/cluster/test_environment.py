@@ -112,15 +112,17 @@ def test_the_build_chooses_the_index_and_the_pins() -> None:
     lines = cu126["text"].splitlines()
     assert "--extra-index-url https://download.pytorch.org/whl/cu126" in lines
     assert "torch==2.14.1+cu126" in lines and "torchvision==0.29.1+cu126" in lines
+    assert "torchcodec==0.17.0+cu126" in lines  # the build's own: PyPI's 0.17.0 is a CUDA 13.0 build
     assert [line for line in lines if line.startswith(("decord", "numpy"))] == ["decord==0.6.0", "numpy>=1.26,<3"]
     pypi = filters.torch_requirements(node, "cu130", BUILDS)  # torch 2.14's PyPI wheels: the file as it is
     assert pypi["text"] == node and pypi["cuda"] == "13.0"
     cpu = filters.torch_requirements(node, "cpu", BUILDS)
     assert cpu["cuda"] == "" and "torch==2.14.1+cpu" in cpu["text"].splitlines()
+    assert "torchcodec==0.13.0" in cpu["text"].splitlines()  # PyPI's 0.13.0 is a CPU build
     assert filters.torch_requirements(node, "cu999", BUILDS)["message"] == (
-        "vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, cu128, cu130, cpu)")
-    other = filters.torch_requirements("torch==2.5.1+cu121  # pinned\n", "cu128", BUILDS)
-    assert not other["ok"] and "pin torch==2.5.1 (the build adds +cu128)" in other["message"]
+        "vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, cu130, cu132, cpu)")
+    other = filters.torch_requirements("torch==2.5.1+cu121  # pinned\n", "cu132", BUILDS)
+    assert not other["ok"] and "pin torch==2.5.1 (the build adds +cu132)" in other["message"]
 
 
 def test_a_gpu_without_kernels_in_the_build_names_the_builds_that_have_them() -> None:
@@ -130,8 +132,8 @@ def test_a_gpu_without_kernels_in_the_build_names_the_builds_that_have_them() ->
         {"index": 1, "name": "NVIDIA A10G", "capability": "8.6", "op": "ok"}]}
     fit = filters.gpu_fit(report, "node3", BUILDS)
     assert fit["problems"] == [
-        "node3 GPU 0 Tesla V100-SXM2-32GB sm_70: torch 2.14.1+cu130 has kernels for sm_75..sm_120; choose cu126 or "
-        "cu128 (vidcluster_torch_build)"]
+        "node3 GPU 0 Tesla V100-SXM2-32GB sm_70: torch 2.14.1+cu130 has kernels for sm_75..sm_120; choose cu126 "
+        "(vidcluster_torch_build)"]
     assert fit["record"] == ("node3: GPU 0 Tesla V100-SXM2-32GB sm_70, GPU 1 NVIDIA A10G sm_86; torch 2.14.1+cu130 "
                              "has kernels for sm_75..sm_120")
     broken = {**report, "gpu_checks": [{**report["gpu_checks"][1], "op": "RuntimeError: CUDA error: ECC error"}]}
@@ -398,5 +400,5 @@ def test_the_chosen_torch_build_is_what_every_node_compares_against(cluster: Loc
     wrong = cluster.playbook(PLAYBOOK, "-e", "vidcluster_torch_build=cu999", check=False)
     assert wrong.returncode != 0
     assert (f"{cluster.nodes[0].name}: vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, "
-            "cu128, cu130, cpu)") in flat(wrong.stdout)
+            "cu130, cu132, cpu)") in flat(wrong.stdout)
     assert "TASK [python_env : Query the GPUs" not in wrong.stdout  # refused before anything else ran
