@@ -153,6 +153,17 @@ def test_kernels_run_within_their_major_version_and_ptx_beyond() -> None:
     assert filters.runs_on((12, 1), ["sm_120f"]) and not filters.runs_on((7, 0), [])
 
 
+def test_a_gpu_split_by_mig_is_refused_naming_it() -> None:
+    gpus = gpu_role.parse_gpus(["0, NVIDIA A100-SXM4-40GB, 580.65.06, 40960 MiB",
+                                "1, NVIDIA A100-SXM4-40GB, 580.65.06, 40960 MiB"])
+    assert gpu_role.mig_problem(["0, Disabled", "1, Enabled"], gpus, "node2") == (
+        "node2: MIG is enabled on GPU 1 NVIDIA A100-SXM4-40GB; VidCluster trains one process per whole GPU (NCCL does "
+        "not run between MIG instances): disable it (nvidia-smi -i <index> -mig 0 as root, then reset the GPU or "
+        "reboot) or leave the node out of the inventory")
+    assert gpu_role.mig_problem(["0, Disabled", "1, Disabled"], gpus, "node2") == ""
+    assert gpu_role.mig_problem(["0, [N/A]"], gpus[:1], "t4") == ""  # a GPU without MIG
+
+
 def test_the_gpu_query_is_parsed_with_commas_in_names() -> None:
     assert gpu_role.parse_gpus(["0, NVIDIA H200, 580.65.06, 143771 MiB", "1, Odd, Name, 580.65.06, 1 MiB", ""]) == [
         {"index": 0, "name": "NVIDIA H200", "driver": "580.65.06", "memory": "143771 MiB"},
@@ -232,7 +243,8 @@ def test_nvidia_driver_role_passes_check_mode_on_this_debian_host(tmp_path: Path
 
 def test_one_gpu_query_for_every_role_and_a_broken_driver_fails_the_node(tmp_path: Path) -> None:
     """roles/node_gpus (what python_env and ddp_config both include) on this machine, with nvidia-smi stood in for by
-    scripts: two GPUs are listed, no nvidia-smi is no GPU, an nvidia-smi that cannot reach the driver fails."""
+    scripts: two GPUs are listed, no nvidia-smi is no GPU, an nvidia-smi that cannot reach the driver fails, a GPU with
+    MIG enabled fails."""
     inventory = tmp_path / "controller.yml"
     inventory.write_text("all:\n  hosts:\n    controller:\n      ansible_connection: local\n"
                          "      ansible_python_interpreter: /usr/bin/python3\n")
@@ -241,12 +253,15 @@ def test_one_gpu_query_for_every_role_and_a_broken_driver_fails_the_node(tmp_pat
     play.write_text("- hosts: controller\n  gather_facts: false\n  tasks:\n"
                     "    - {ansible.builtin.include_role: {name: node_gpus}}\n"
                     f"    - {{ansible.builtin.debug: {{msg: \"GPUS={listed} \"}}}}\n")
-    two, broken = tmp_path / "two-gpus", tmp_path / "no-driver"
-    two.write_text("#!/bin/sh\necho '0, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n"
-                   "echo '1, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n")
+    two, broken, mig = tmp_path / "two-gpus", tmp_path / "no-driver", tmp_path / "mig"
+    listing = ("echo '0, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n"
+               "echo '1, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n")
+    modes = "if [ \"$1\" = --query-gpu=index,mig.mode.current ]; then echo '0, Disabled'; echo '1, {}'; exit; fi\n"
+    two.write_text("#!/bin/sh\n" + modes.format("Disabled") + listing)
+    mig.write_text("#!/bin/sh\n" + modes.format("Enabled") + listing)
     broken.write_text("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                       "driver.\"\nexit 9\n")
-    for script in (two, broken):
+    for script in (two, broken, mig):
         script.chmod(0o755)
 
     def run(smi: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -258,6 +273,10 @@ def test_one_gpu_query_for_every_role_and_a_broken_driver_fails_the_node(tmp_pat
     assert failed.returncode != 0 and "GPUS=" not in failed.stdout
     assert "controller: nvidia-smi failed (rc 9): NVIDIA-SMI has failed because it couldn't communicate" in " ".join(
         failed.stdout.split())
+    split = run(mig, check=False)
+    assert split.returncode != 0 and "GPUS=" not in split.stdout
+    assert "controller: MIG is enabled on GPU 1 NVIDIA A100-SXM4-80GB; VidCluster trains one process per whole GPU" in (
+        " ".join(split.stdout.split()))
 
 
 # --- a real 2-node cluster --------------------------------------------------------------------------------
