@@ -96,6 +96,12 @@ def test_the_driver_rule_is_cuda_minor_version_compatibility(driver: str, runs: 
         "13.x build runs on it)")
 
 
+def test_a_refused_driver_is_advised_only_builds_that_exist_and_it_runs() -> None:
+    assert filters.builds_for_driver("535.247.01", BUILDS, DRIVER_TABLE) == ["cu126"]  # Debian 12's driver
+    assert filters.builds_for_driver("580.65.06", BUILDS, DRIVER_TABLE) == ["cu126", "cu130", "cu132"]
+    assert filters.builds_for_driver("450.80.02", BUILDS, DRIVER_TABLE) == []
+
+
 def test_an_unknown_cuda_is_refused_with_a_message_not_an_exception() -> None:
     verdict = filters.driver_verdict("590.44.01", "14.0", DRIVER_TABLE)
     assert not verdict["ok"] and verdict["message"] == (

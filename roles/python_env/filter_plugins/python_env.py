@@ -49,6 +49,12 @@ def driver_verdict(driver: str, cuda: str, table: Mapping[str, str]) -> dict[str
         f"{parts[0]}.x build runs on it)")}
 
 
+def builds_for_driver(driver: str, builds: Mapping[str, Mapping[str, Any]], table: Mapping[str, str]) -> list[str]:
+    """The CUDA builds of ``builds`` NVIDIA driver ``driver`` runs (what a refusal advises: only builds that exist)."""
+    return [name for name, spec in builds.items()
+            if spec.get("cuda") and driver_verdict(driver, str(spec["cuda"]), table)["ok"]]
+
+
 _PIN = re.compile(r"^\s*(torch|torchvision)\s*==\s*([0-9][^\s#;+]*)(\+[^\s#;]+)?(.*)$")
 _TORCHCODEC_PIN = re.compile(r"^\s*torchcodec\s*==\s*[^\s#;]+(.*)$")
 
@@ -247,6 +253,7 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
+            "python_env_builds_for_driver": builds_for_driver,
             "python_env_decoder_problems": decoder_problems,
             "python_env_driver_verdict": driver_verdict,
             "python_env_gpu_fit": gpu_fit,
