@@ -10,8 +10,9 @@ narrower set wins). The socket, not the NUMA node (torchrun's ``--numa-binding n
 (Intel SNC, AMD NPS2/NPS4) a socket has 2 to 4 nodes, and 4 trainers' loaders on a quarter of a socket's cores
 would starve, while memory within a socket is close to uniform.
 
-Nothing is bound where sysfs names no NUMA node for the GPU (-1: a machine with one node, most VMs), or where none
-of the socket's CPUs is allowed here; ``bind_to_gpu`` says which, and the trainer logs it.
+Nothing is bound where sysfs names no NUMA node for the GPU (-1: a machine with one node, most VMs) or does not show
+it (a container without /sys/bus/pci), or where none of the socket's CPUs is allowed here; ``bind_to_gpu`` says
+which, and the trainer logs it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ def pci_address(domain: int, bus: int, device: int) -> str:
 
 def socket_cpus(pci: str, sysfs: Path = SYSFS) -> tuple[set[int], str]:
     """The CPUs of the socket the PCI device ``pci`` hangs off, and where they came from; (set(), why) when sysfs
-    names no NUMA node for it."""
+    names no NUMA node for it, or does not show it (a container without /sys/bus/pci)."""
+    try:
+        return _socket_cpus(pci, sysfs)
+    except OSError as exc:
+        return set(), f"sysfs does not say where {pci} is: {exc.strerror}: {exc.filename}"
+
+
+def _socket_cpus(pci: str, sysfs: Path) -> tuple[set[int], str]:
     node = int((sysfs / "bus" / "pci" / "devices" / pci / "numa_node").read_text())
     if node < 0:
         return set(), f"sysfs names no NUMA node for {pci}"

@@ -52,6 +52,9 @@ def test_a_gpus_cpus_are_its_sockets_not_only_its_numa_nodes(tmp_path: Path) -> 
     assert cpus == set() and where == "sysfs names no NUMA node for 0000:b3:00.0"
     cpus, where = socket_cpus("0000:b3:00.0", two_sockets(tmp_path / "memory", "4"))
     assert cpus == set() and where == "NUMA node 4 of 0000:b3:00.0 has no CPUs"
+    cpus, where = socket_cpus("0000:17:00.0", tmp_path / "snc")  # a GPU sysfs does not show
+    assert cpus == set() and where == (f"sysfs does not say where 0000:17:00.0 is: No such file or directory: "
+                                       f"{tmp_path}/snc/bus/pci/devices/0000:17:00.0/numa_node")
 
 
 def test_this_machines_sysfs_reads_as_the_tree_above() -> None:
