@@ -29,7 +29,7 @@ from torch import nn
 
 from bench.gpu_check import describe
 from bench.loader import kinetics_like, loader_config
-from trainer.accel import amp_dtype, autocast, clip_normalizer, configure_backends, prepare_model, wrap_ddp
+from trainer.accel import autocast, clip_normalizer, configure_backends, grad_scaler, prepare_model, wrap_ddp
 from trainer.config import Config
 from trainer.data import build_dataset, build_loader
 from trainer.data.loader import set_loader_epoch
@@ -54,7 +54,7 @@ def measure(cfg: Config, steps: int) -> dict[str, Any]:
     configure_backends(cfg)
     model = wrap_ddp(prepare_model(build_model(MODEL, num_classes=400).to(ctx.device), cfg), ctx, cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(ctx.device, cfg.CONFIG.TRAIN.AMP) == torch.float16)
+    scaler = grad_scaler(ctx.device, cfg.CONFIG.TRAIN.AMP)
     criterion = nn.CrossEntropyLoss()
     normalizer = clip_normalizer(cfg, ctx)
     loader = build_loader(build_dataset(cfg, "train"), cfg, "train", ctx)

@@ -4,7 +4,7 @@ The CONFIG.TRAIN keys, and what they do where:
 
 | key | CUDA | CPU |
 |---|---|---|
-| AMP auto (default) | bf16 autocast where the GPU has bf16 (compute capability 8.0+), else float32 | float32 |
+| AMP auto (default) | bf16 autocast where the GPU has bf16 (compute capability 8.0+), else fp16 (scaled) | float32 |
 | AMP bf16 / fp16 / off | that autocast (fp16 with a gradient scaler; bf16 refused before 8.0) / float32 | float32 |
 | CHANNELS_LAST | model and clips in channels_last_3d order | the same (results equal to float tolerance) |
 | COMPILE | torch.compile of the training model (DDP-aware: compiled after wrapping) | the same (inductor, C++) |
@@ -35,15 +35,34 @@ from trainer.config import Config
 from trainer.data.dataset import ClipSpec
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext
+from trainer.hardware import BF16_CAPABILITY
+
+
+def autocast_dtype(amp: str, capability: tuple[int, int] | None) -> torch.dtype | None:
+    """The autocast dtype CONFIG.TRAIN.AMP gives on a GPU of compute ``capability`` (None: not a GPU); None =
+    float32. auto is bf16 where the GPU has bf16 units (8.0, Ampere, and newer), else fp16: a V100's or T4's tensor
+    cores run fp16 alone, and float32 would leave them idle (the gradient scaler keeps fp16's gradients finite)."""
+    if capability is None or amp == "off":
+        return None
+    if amp == "auto":
+        amp = "bf16" if tuple(capability) >= BF16_CAPABILITY else "fp16"
+    return torch.bfloat16 if amp == "bf16" else torch.float16
 
 
 def amp_dtype(device: torch.device, amp: str) -> torch.dtype | None:
     """The autocast dtype CONFIG.TRAIN.AMP gives on ``device``; None = float32."""
-    if device.type != "cuda" or amp == "off":
-        return None
-    if amp == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else None
-    return torch.bfloat16 if amp == "bf16" else torch.float16
+    return autocast_dtype(amp, torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
+
+
+def uses_grad_scaler(dtype: torch.dtype | None) -> bool:
+    """Whether autocast in ``dtype`` needs the gradient scaler: fp16 alone (its narrow exponent range lets small
+    gradients underflow to zero; bf16 has float32's range)."""
+    return dtype == torch.float16
+
+
+def grad_scaler(device: torch.device, amp: str) -> torch.amp.GradScaler:
+    """The training's gradient scaler: enabled where CONFIG.TRAIN.AMP autocasts to fp16 on ``device``."""
+    return torch.amp.GradScaler(device.type, enabled=uses_grad_scaler(amp_dtype(device, amp)))
 
 
 def autocast(ctx: DistContext, amp: str) -> contextlib.AbstractContextManager[Any]:

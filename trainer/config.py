@@ -290,9 +290,9 @@ class TrainConfig(_Section):
     NESTEROV: bool = Field(False, description="Use Nesterov momentum with SGD.")
     AMP: Literal["auto", "off", "bf16", "fp16"] = Field(
         "auto",
-        description="Mixed precision on CUDA: auto = bf16 where the GPU supports it (Ampere and newer), else off; "
-        "fp16 adds a grad scaler; bf16 on an older GPU (V100, T4) is refused on the node. CPUs always train in "
-        "float32.",
+        description="Mixed precision on CUDA: auto = bf16 where the GPU supports it (Ampere and newer), else fp16 "
+        "(V100, T4); fp16 adds a grad scaler; bf16 on an older GPU (V100, T4) is refused on the node. CPUs always "
+        "train in float32.",
     )
     CHANNELS_LAST: bool = Field(
         False, description="Model and clips in channels_last_3d memory order (faster 3D convs on recent GPUs)."

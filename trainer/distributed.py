@@ -7,7 +7,8 @@ Ranks come from, in this order:
    environment): the environment decides, ``init_method='env://'``.
 3. a task of a plain ``srun`` (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and SLURM_STEP_ID in the environment; the
    batch script itself has no SLURM_STEP_ID): each task is one worker, rank SLURM_PROCID of SLURM_NTASKS, local index
-   SLURM_LOCALID, node SLURM_NODEID. The rendezvous is MASTER_ADDR:MASTER_PORT when the environment sets them, else
+   SLURM_LOCALID, node SLURM_NODEID, GPU local index % the GPUs it sees (``gpu_index``: the one it sees under
+   --gpus-per-task=1). The rendezvous is MASTER_ADDR:MASTER_PORT when the environment sets them, else
    the step's first node (``scontrol show hostnames``, then that node's NodeAddr from ``scontrol show node``) at
    port 15000 + SLURM_JOB_ID mod 10000; a node list scontrol cannot read is an error naming it, never a guess.
 4. a legacy ``--local_rank N`` / ``--local-rank N`` argument without that environment: this process is local worker N of
@@ -16,12 +17,13 @@ Ranks come from, in this order:
    WORLD_RANK, or found by AUTO_RANK_MATCH among WOLRD_URLS, and one worker per GPU (DDP_CONFIG.CPU_WORKERS on a node
    without GPUs) is spawned with global rank WORLD_RANK * workers_per_node + local index.
 
-Every worker joins the group with ``timeout=DDP_CONFIG.TIMEOUT_SECONDS``; a peer that does not arrive in time ends the
-run with a DistributedError naming the rendezvous address. The group is destroyed when the worker returns or raises,
-and a worker's exception makes ``launch`` raise: a spawned worker's UserError comes back as a UserError with the same
-one-line message (no traceback: the input was bad, not the code), its Preempted as a Preempted (so the command's exit
-status is the worker's: trainer.errors), any other exception as a DistributedError after its traceback is logged. The
-process that spawns workers passes SIGTERM and SIGUSR1 on to them (errors.STOP_SIGNALS: how a stop is asked for).
+A GPU worker binds itself to the CPUs of its GPU's socket before it joins (``trainer.numa``: its loader workers inherit
+them). Every worker joins the group with ``timeout=DDP_CONFIG.TIMEOUT_SECONDS``; a peer that does not arrive in time
+ends the run with a DistributedError naming the rendezvous address. The group is destroyed when the worker returns or
+raises, and a worker's exception makes ``launch`` raise: a spawned worker's UserError comes back as a UserError with the
+same one-line message (no traceback: the input was bad, not the code), its Preempted as a Preempted (so the command's
+exit status is the worker's: trainer.errors), any other exception as a DistributedError after its traceback is logged.
+The process that spawns workers passes SIGTERM and SIGUSR1 on to them (errors.STOP_SIGNALS: how a stop is asked for).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from trainer.errors import (
     restore_stop_handlers,
 )
 from trainer.heartbeat import start_heartbeat
+from trainer.numa import bind_to_gpu
 from trainer.runtime.channel import ProcState
 from trainer.runtime.contract import PARENT_ENV, run_name, thread_budget
 from trainer.runtime.layout import url_host
@@ -139,7 +142,8 @@ class _Plan:
             local_world_size=self.per_node,
             node_rank=self.node_rank,
             num_nodes=self.num_nodes,
-            device=torch.device("cuda", local_rank) if self.use_cuda else torch.device("cpu"),
+            device=torch.device("cuda", gpu_index(local_rank, torch.cuda.device_count())) if self.use_cuda
+            else torch.device("cpu"),
             backend=self.backend,
             distributed=True,
             dist_url=self.dist_url,
@@ -266,6 +270,19 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
+def gpu_index(local_rank: int, visible: int) -> int:
+    """The GPU (as this process numbers them) of local worker ``local_rank``, which sees ``visible`` GPUs: its own
+    index where every worker of the node sees them all (spawned workers, torchrun, srun --gres), and local_rank %
+    visible = 0 where each sees its own alone (srun --gpus-per-task=1 gives each task one). A worker that sees several
+    GPUs but not its own would share one with another worker: refused."""
+    if visible == 1 or local_rank < visible:
+        return local_rank % visible
+    raise DistributedError(
+        f"local worker {local_rank} sees {visible} GPUs (CUDA_VISIBLE_DEVICES, or what Slurm gave its task): it would "
+        "share one with another worker; give every worker of a node all of its GPUs (srun --gres=gpu:N, torchrun) or "
+        "one each (srun --gpus-per-task=1)")
+
+
 def _use_cuda() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
@@ -378,7 +395,8 @@ def _launcher_plan(cfg: Config) -> tuple[_Plan, int, int, int] | None:
 
 def _runtime_cfg(cfg: Config, ctx: DistContext, from_env: bool) -> Config:
     """The config as the worker sees it: GPU_WORLD_SIZE/GPU_WORLD_RANK/GPU (and the node rank) computed, not read."""
-    update: dict[str, Any] = {"GPU_WORLD_SIZE": ctx.world_size, "GPU_WORLD_RANK": ctx.rank, "GPU": ctx.local_rank}
+    gpu = ctx.device.index if ctx.device.type == "cuda" else ctx.local_rank  # the GPU this process decodes on
+    update: dict[str, Any] = {"GPU_WORLD_SIZE": ctx.world_size, "GPU_WORLD_RANK": ctx.rank, "GPU": gpu}
     if not from_env:
         update["WORLD_RANK"] = ctx.node_rank
     return cfg.model_copy(update={"DDP_CONFIG": cfg.DDP_CONFIG.model_copy(update=update)})
@@ -455,6 +473,8 @@ def _formed_within(ctx: DistContext, plan: _Plan) -> Iterator[None]:
 def _init_group(ctx: DistContext, plan: _Plan) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
+        # Before any loader worker starts: they inherit the CPUs of their GPU's socket (trainer.numa).
+        log.info("rank %d: %s", ctx.rank, bind_to_gpu(ctx.device.index))
     try:
         with _formed_within(ctx, plan):
             store = _attempt_store(plan)

@@ -1,12 +1,13 @@
 """Does this machine fit the config: the GPU-side rules a config meets only on the node that runs it.
 
 - ``CONFIG.TRAIN.AMP: bf16`` needs bf16 units: compute capability 8.0 or newer (Ampere on). On a V100 (7.0) or T4
-  (7.5) it is refused, naming the GPU: fp16 with the gradient scaler, or auto (float32 there), are what runs.
+  (7.5) it is refused, naming the GPU: fp16 with the gradient scaler, or auto (which is fp16 there), are what runs.
 - ``CONFIG.TRAIN.COMPILE`` builds kernels when the model first runs: on a GPU Triton compiles its kernel launchers
   with a C compiler ($CC, else gcc, else clang: Triton's own search), on a CPU Inductor compiles C++ ($CXX, else g++);
   both include ``Python.h`` of the running Python. A node without them would fail minutes into the first step.
-- ``CONFIG.DATA.DECODER_DEVICE: cuda`` needs torchcodec's CUDA build (PyPI's torchcodec wheels are CPU-only builds:
-  their local version has no ``+cu``); a CPU-only build would decode in the training process, with no workers.
+- ``CONFIG.DATA.DECODER_DEVICE: cuda`` needs a CUDA build of torchcodec (its version.py says ``+cuXYZ``: PyPI's
+  0.17.0 is ``+cu130``, the cpu build's 0.13.0 ``+cpu``); a CPU-only build would decode in the training process, with
+  no workers.
 
 Each rule is a function of the facts it needs (a capability, a compiler lookup, a version string), so every case is
 tested on any machine; ``check_config`` gathers this machine's facts and applies them (``config.check_runtime``
@@ -62,7 +63,7 @@ def amp_problem(amp: str, gpus: Sequence[Gpu]) -> str | None:
         return None
     return (f"CONFIG.TRAIN.AMP: bf16 needs a GPU of compute capability 8.0 or newer (Ampere or later), and "
             f"{', '.join(map(str, lacking))} has none; set AMP to fp16 (float16 with the gradient scaler) or auto "
-            "(float32 on this GPU)")
+            "(fp16 with the scaler on this GPU)")
 
 
 def python_include_dir() -> Path:
@@ -116,7 +117,7 @@ def decoder_device_problem(device: str, torchcodec_version: str, torch_cuda: str
     build = f"cu{torch_cuda.replace('.', '')}" if torch_cuda else "cu130"
     release = torchcodec_version.split("+", 1)[0]
     return (f"CONFIG.DATA.DECODER_DEVICE: cuda needs torchcodec's CUDA build, and torchcodec {torchcodec_version} is "
-            f"a CPU-only build (PyPI's are); install the one for this torch: pip install torchcodec=={release}+{build} "
+            f"a CPU-only build; install the one for this torch: pip install torchcodec=={release}+{build} "
             f"--index-url {TORCH_INDEX}/{build} (or set DECODER_DEVICE cpu)")
 
 

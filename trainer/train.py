@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from trainer import checkpoint, heartbeat
-from trainer.accel import amp_dtype, configure_backends, prepare_model, unwrap_ddp, wrap_ddp
+from trainer.accel import configure_backends, grad_scaler, prepare_model, unwrap_ddp, wrap_ddp
 from trainer.bad_videos import BadVideos
 from trainer.checkpoint import CheckpointWriter
 from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
@@ -280,9 +280,7 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
 
     lr = effective_lr(cfg, train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS)
     optimizer = build_optimizer(cfg, raw_model, lr)
-    fp16 = amp_dtype(ctx.device, train.AMP) == torch.float16  # the gradient scaler is for fp16 autocast only
-    state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps),
-                       torch.amp.GradScaler(ctx.device.type, enabled=fp16))
+    state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps), grad_scaler(ctx.device, train.AMP))
     start_epoch, best_top1, progress = 0, -1.0, None
     if resume is not None:
         state.optimizer.load_state_dict(resume["optimizer"])

@@ -96,6 +96,12 @@ def test_the_driver_rule_is_cuda_minor_version_compatibility(driver: str, runs: 
         "13.x build runs on it)")
 
 
+def test_a_refused_driver_is_advised_only_builds_that_exist_and_it_runs() -> None:
+    assert filters.builds_for_driver("535.247.01", BUILDS, DRIVER_TABLE) == ["cu126"]  # Debian 12's driver
+    assert filters.builds_for_driver("580.65.06", BUILDS, DRIVER_TABLE) == ["cu126", "cu130", "cu132"]
+    assert filters.builds_for_driver("450.80.02", BUILDS, DRIVER_TABLE) == []
+
+
 def test_an_unknown_cuda_is_refused_with_a_message_not_an_exception() -> None:
     verdict = filters.driver_verdict("590.44.01", "14.0", DRIVER_TABLE)
     assert not verdict["ok"] and verdict["message"] == (
@@ -112,15 +118,17 @@ def test_the_build_chooses_the_index_and_the_pins() -> None:
     lines = cu126["text"].splitlines()
     assert "--extra-index-url https://download.pytorch.org/whl/cu126" in lines
     assert "torch==2.14.1+cu126" in lines and "torchvision==0.29.1+cu126" in lines
+    assert "torchcodec==0.17.0+cu126" in lines  # the build's own: PyPI's 0.17.0 is a CUDA 13.0 build
     assert [line for line in lines if line.startswith(("decord", "numpy"))] == ["decord==0.6.0", "numpy>=1.26,<3"]
     pypi = filters.torch_requirements(node, "cu130", BUILDS)  # torch 2.14's PyPI wheels: the file as it is
     assert pypi["text"] == node and pypi["cuda"] == "13.0"
     cpu = filters.torch_requirements(node, "cpu", BUILDS)
     assert cpu["cuda"] == "" and "torch==2.14.1+cpu" in cpu["text"].splitlines()
+    assert "torchcodec==0.13.0" in cpu["text"].splitlines()  # PyPI's 0.13.0 is a CPU build
     assert filters.torch_requirements(node, "cu999", BUILDS)["message"] == (
-        "vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, cu128, cu130, cpu)")
-    other = filters.torch_requirements("torch==2.5.1+cu121  # pinned\n", "cu128", BUILDS)
-    assert not other["ok"] and "pin torch==2.5.1 (the build adds +cu128)" in other["message"]
+        "vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, cu130, cu132, cpu)")
+    other = filters.torch_requirements("torch==2.5.1+cu121  # pinned\n", "cu132", BUILDS)
+    assert not other["ok"] and "pin torch==2.5.1 (the build adds +cu132)" in other["message"]
 
 
 def test_a_gpu_without_kernels_in_the_build_names_the_builds_that_have_them() -> None:
@@ -130,8 +138,8 @@ def test_a_gpu_without_kernels_in_the_build_names_the_builds_that_have_them() ->
         {"index": 1, "name": "NVIDIA A10G", "capability": "8.6", "op": "ok"}]}
     fit = filters.gpu_fit(report, "node3", BUILDS)
     assert fit["problems"] == [
-        "node3 GPU 0 Tesla V100-SXM2-32GB sm_70: torch 2.14.1+cu130 has kernels for sm_75..sm_120; choose cu126 or "
-        "cu128 (vidcluster_torch_build)"]
+        "node3 GPU 0 Tesla V100-SXM2-32GB sm_70: torch 2.14.1+cu130 has kernels for sm_75..sm_120; choose cu126 "
+        "(vidcluster_torch_build)"]
     assert fit["record"] == ("node3: GPU 0 Tesla V100-SXM2-32GB sm_70, GPU 1 NVIDIA A10G sm_86; torch 2.14.1+cu130 "
                              "has kernels for sm_75..sm_120")
     broken = {**report, "gpu_checks": [{**report["gpu_checks"][1], "op": "RuntimeError: CUDA error: ECC error"}]}
@@ -149,6 +157,17 @@ def test_kernels_run_within_their_major_version_and_ptx_beyond() -> None:
     assert filters.runs_on((10, 0), ["sm_90", "compute_90"])  # PTX is compiled for what comes later
     assert filters.runs_on((9, 0), ["sm_90a"]) and not filters.runs_on((9, 1), ["sm_90a"])  # arch-specific
     assert filters.runs_on((12, 1), ["sm_120f"]) and not filters.runs_on((7, 0), [])
+
+
+def test_a_gpu_split_by_mig_is_refused_naming_it() -> None:
+    gpus = gpu_role.parse_gpus(["0, NVIDIA A100-SXM4-40GB, 580.65.06, 40960 MiB",
+                                "1, NVIDIA A100-SXM4-40GB, 580.65.06, 40960 MiB"])
+    assert gpu_role.mig_problem(["0, Disabled", "1, Enabled"], gpus, "node2") == (
+        "node2: MIG is enabled on GPU 1 NVIDIA A100-SXM4-40GB; VidCluster trains one process per whole GPU (NCCL does "
+        "not run between MIG instances): disable it (nvidia-smi -i <index> -mig 0 as root, then reset the GPU or "
+        "reboot) or leave the node out of the inventory")
+    assert gpu_role.mig_problem(["0, Disabled", "1, Disabled"], gpus, "node2") == ""
+    assert gpu_role.mig_problem(["0, [N/A]"], gpus[:1], "t4") == ""  # a GPU without MIG
 
 
 def test_the_gpu_query_is_parsed_with_commas_in_names() -> None:
@@ -230,7 +249,8 @@ def test_nvidia_driver_role_passes_check_mode_on_this_debian_host(tmp_path: Path
 
 def test_one_gpu_query_for_every_role_and_a_broken_driver_fails_the_node(tmp_path: Path) -> None:
     """roles/node_gpus (what python_env and ddp_config both include) on this machine, with nvidia-smi stood in for by
-    scripts: two GPUs are listed, no nvidia-smi is no GPU, an nvidia-smi that cannot reach the driver fails."""
+    scripts: two GPUs are listed, no nvidia-smi is no GPU, an nvidia-smi that cannot reach the driver fails, a GPU with
+    MIG enabled fails."""
     inventory = tmp_path / "controller.yml"
     inventory.write_text("all:\n  hosts:\n    controller:\n      ansible_connection: local\n"
                          "      ansible_python_interpreter: /usr/bin/python3\n")
@@ -239,12 +259,15 @@ def test_one_gpu_query_for_every_role_and_a_broken_driver_fails_the_node(tmp_pat
     play.write_text("- hosts: controller\n  gather_facts: false\n  tasks:\n"
                     "    - {ansible.builtin.include_role: {name: node_gpus}}\n"
                     f"    - {{ansible.builtin.debug: {{msg: \"GPUS={listed} \"}}}}\n")
-    two, broken = tmp_path / "two-gpus", tmp_path / "no-driver"
-    two.write_text("#!/bin/sh\necho '0, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n"
-                   "echo '1, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n")
+    two, broken, mig = tmp_path / "two-gpus", tmp_path / "no-driver", tmp_path / "mig"
+    listing = ("echo '0, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n"
+               "echo '1, NVIDIA A100-SXM4-80GB, 535.247.01, 81920 MiB'\n")
+    modes = "if [ \"$1\" = --query-gpu=index,mig.mode.current ]; then echo '0, Disabled'; echo '1, {}'; exit; fi\n"
+    two.write_text("#!/bin/sh\n" + modes.format("Disabled") + listing)
+    mig.write_text("#!/bin/sh\n" + modes.format("Enabled") + listing)
     broken.write_text("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                       "driver.\"\nexit 9\n")
-    for script in (two, broken):
+    for script in (two, broken, mig):
         script.chmod(0o755)
 
     def run(smi: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -256,6 +279,10 @@ def test_one_gpu_query_for_every_role_and_a_broken_driver_fails_the_node(tmp_pat
     assert failed.returncode != 0 and "GPUS=" not in failed.stdout
     assert "controller: nvidia-smi failed (rc 9): NVIDIA-SMI has failed because it couldn't communicate" in " ".join(
         failed.stdout.split())
+    split = run(mig, check=False)
+    assert split.returncode != 0 and "GPUS=" not in split.stdout
+    assert "controller: MIG is enabled on GPU 1 NVIDIA A100-SXM4-80GB; VidCluster trains one process per whole GPU" in (
+        " ".join(split.stdout.split()))
 
 
 # --- a real 2-node cluster --------------------------------------------------------------------------------
@@ -398,5 +425,5 @@ def test_the_chosen_torch_build_is_what_every_node_compares_against(cluster: Loc
     wrong = cluster.playbook(PLAYBOOK, "-e", "vidcluster_torch_build=cu999", check=False)
     assert wrong.returncode != 0
     assert (f"{cluster.nodes[0].name}: vidcluster_torch_build 'cu999' is not one of python_env_torch_builds (cu126, "
-            "cu128, cu130, cpu)") in flat(wrong.stdout)
+            "cu130, cu132, cpu)") in flat(wrong.stdout)
     assert "TASK [python_env : Query the GPUs" not in wrong.stdout  # refused before anything else ran

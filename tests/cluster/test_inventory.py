@@ -161,9 +161,10 @@ def test_a_slurm_site_is_its_login_host_and_its_settings(tmp_path: Path) -> None
     assert (checked["scheduler"], checked["submit"], checked["user"]) == ("slurm", ["login"], "trainer")
     assert checked["slurm"] == {"nodes": 2, "gpus_per_node": 0, "spares": 1, "signal_seconds": 300, "partition": "",
                                 "account": "", "time": "1-2:30", "sbatch_extra": ["--qos=high"],
-                                "site_options": ["--qos=high"]}
+                                "cpus_per_task": "all", "mem": "0", "gpus_per_task": False, "gpu_bind": "",
+                                "site_options": ["--exclusive", "--mem=0", "--qos=high"]}
     gpu = scheduler_contract([login_row(vidcluster_slurm_gpus_per_node=8, vidcluster_slurm_partition="gpu")])
-    assert gpu["slurm"]["site_options"] == ["--partition=gpu", "--gres=gpu:8"]
+    assert gpu["slurm"]["site_options"] == ["--partition=gpu", "--gres=gpu:8", "--exclusive", "--mem=0"]
     # The sample passes the whole check where a playbook works on Slurm sites (its host is never connected to).
     sample = REPO / "inventory" / "sample-slurm" / "hosts.yml"
     run_playbook(VALIDATE, "--skip-tags", "login", "-e", '{"cluster_inventory_schedulers": ["ssh", "slurm"]}',

@@ -302,7 +302,9 @@ def reference(cluster: LocalCluster, dataset: Path) -> dict:
         started = started or (time.monotonic() if epoch >= 1 else None)
         if node1 is None and run_status(cluster, killed).get("epoch", 0) >= 2:
             node1 = next(n for n in compute(cluster) if final_record(cluster, killed)["assignment"].get(n.name) == 1)
-            os.kill(trainer_pid(killed, node1.name), signal.SIGKILL)
+            victim = trainer_pid(killed, node1.name)
+            affinity = os.sched_getaffinity(victim)  # the CPUs the trainer (and its loaders) may run on
+            os.kill(victim, signal.SIGKILL)
         time.sleep(0.3)
     assert started is not None
     epoch_s = timed or (time.monotonic() - started) / (EPOCHS - 2)
@@ -311,7 +313,8 @@ def reference(cluster: LocalCluster, dataset: Path) -> dict:
     assert "Job " + job + " submitted as Slurm job" in flat(out)
     kill_out = finish(kill_play)
     return {"job": job, "digest": digest(job), "out": out, "epoch_s": epoch_s, "second_run": finish(again),
-            "killed": {"job": killed, "node": node1.name, "out": kill_out, "rc": kill_play.returncode}}
+            "killed": {"job": killed, "node": node1.name, "out": kill_out, "rc": kill_play.returncode},
+            "trainer_cpus": len(affinity)}
 
 
 def test_a_second_run_of_the_clusters_playbook_changes_nothing(reference: dict) -> None:
@@ -325,6 +328,12 @@ def test_a_two_node_job_trains_to_the_end_with_the_allocations_ranks(cluster: Lo
     assert nodes is not None and " Restarts=0 " in shown and " JobState=COMPLETED " in shown, shown
     assert len(runs) == 1 and " JobState=COMPLETED " in runs[0]
     names = on_login(cluster, f"scontrol show hostnames {nodes[1]}").stdout.split()
+    # Each node's one task (its supervisor, trainers and loaders) was given the whole node: both of its CPUs
+    # (--exclusive), not the one CPU a task per node gets by default; a trainer runs on more than one. (This
+    # cluster's Slurm does not confine tasks, TaskPlugin=task/none: the affinity shows that nothing else narrows it.)
+    cpus = re.search(r" NumCPUs=(\d+) ", shown)
+    assert cpus is not None and int(cpus[1]) == 2 * len(names), shown
+    assert reference["trainer_cpus"] > 1
     batch_host = re.search(r" BatchHost=(\S+) ", shown)
     assert batch_host is not None
     # The allocation's first node (the batch host) is rank 0 and the hub, the other rank 1, each at its NodeAddr.

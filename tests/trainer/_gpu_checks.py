@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
 
 from tests.trainer.test_train import free_port
-from trainer.accel import amp_dtype, autocast, ddp_module, prepare_model, wrap_ddp
+from trainer.accel import amp_dtype, autocast, ddp_module, grad_scaler, prepare_model, wrap_ddp
 from trainer.config import Config, validate_config
 from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, decode_device, open_reader, read_frames
 from trainer.data.loader import stack_clips
@@ -72,7 +72,7 @@ def train_steps(amp: str) -> dict[str, Any]:
     model = build_model("i3d_tiny", 5, dropout=0.0).to(CUDA)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(CUDA, amp) == torch.float16)
+    scaler = grad_scaler(CUDA, amp)
     ctx = single_process_context(validate_config({"DDP_CONFIG": {"DISTRIBUTED": False}}))
     expected_dtype = amp_dtype(CUDA, amp) or torch.float32
     losses = []

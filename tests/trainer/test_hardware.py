@@ -20,7 +20,7 @@ import yaml
 from torch import nn
 
 from tests.trainer.test_distributed import free_port
-from trainer.accel import ddp_module, wrap_ddp
+from trainer.accel import autocast_dtype, ddp_module, grad_scaler, uses_grad_scaler, wrap_ddp
 from trainer.config import ConfigError, check_runtime, validate_config
 from trainer.distributed import DistContext
 from trainer.hardware import Gpu, amp_problem, compile_problem, decoder_device_problem
@@ -35,11 +35,25 @@ def test_bf16_is_refused_on_gpus_older_than_ampere_naming_them() -> None:
     assert amp_problem("bf16", [V100, T4]) == (
         "CONFIG.TRAIN.AMP: bf16 needs a GPU of compute capability 8.0 or newer (Ampere or later), and GPU 0 Tesla "
         "V100-SXM2-16GB (sm_70), GPU 1 Tesla T4 (sm_75) has none; set AMP to fp16 (float16 with the gradient scaler) "
-        "or auto (float32 on this GPU)")
+        "or auto (fp16 with the scaler on this GPU)")
     assert amp_problem("bf16", [A100, Gpu(1, "NVIDIA H200", (9, 0))]) is None
     assert "GPU 1 Tesla T4 (sm_75)" in str(amp_problem("bf16", [A100, T4]))  # the one that lacks it, alone
     assert amp_problem("bf16", []) is None  # a CPU trains in float32 whatever AMP says
     assert all(amp_problem(amp, [V100]) is None for amp in ("fp16", "auto", "off"))
+
+
+def test_amp_auto_is_bf16_from_ampere_on_and_fp16_with_the_scaler_before() -> None:
+    chosen = {gpu.name: autocast_dtype("auto", gpu.capability) for gpu in (V100, T4, A100)}
+    assert chosen == {V100.name: torch.float16, T4.name: torch.float16, A100.name: torch.bfloat16}
+    assert autocast_dtype("auto", (9, 0)) is torch.bfloat16 and autocast_dtype("auto", (12, 0)) is torch.bfloat16
+    assert autocast_dtype("auto", (6, 0)) is torch.float16  # a P100 has fp16 too, and no bf16
+    assert autocast_dtype("auto", None) is None  # a CPU trains in float32
+    assert autocast_dtype("off", (9, 0)) is None and autocast_dtype("fp16", (9, 0)) is torch.float16
+    assert autocast_dtype("bf16", (9, 0)) is torch.bfloat16  # (refused before 8.0 by amp_problem above)
+    # The gradient scaler goes with fp16 alone: auto on a V100 or T4 gets it, bf16 and float32 do not.
+    assert [uses_grad_scaler(autocast_dtype("auto", cap)) for cap in ((7, 0), (7, 5), (8, 0), None)] == [
+        True, True, False, False]
+    assert not grad_scaler(torch.device("cpu"), "fp16").is_enabled()  # AMP means nothing on a CPU
 
 
 def which_in(*found: str) -> object:
@@ -71,9 +85,9 @@ def test_this_machine_has_what_compile_needs() -> None:
 
 
 def test_gpu_decoding_with_a_cpu_only_torchcodec_names_the_build_to_install() -> None:
-    assert decoder_device_problem("cuda", "0.17.0", "12.6") == (
-        "CONFIG.DATA.DECODER_DEVICE: cuda needs torchcodec's CUDA build, and torchcodec 0.17.0 is a CPU-only build "
-        "(PyPI's are); install the one for this torch: pip install torchcodec==0.17.0+cu126 --index-url "
+    assert decoder_device_problem("cuda", "0.17.0+cpu", "12.6") == (
+        "CONFIG.DATA.DECODER_DEVICE: cuda needs torchcodec's CUDA build, and torchcodec 0.17.0+cpu is a CPU-only "
+        "build; install the one for this torch: pip install torchcodec==0.17.0+cu126 --index-url "
         "https://download.pytorch.org/whl/cu126 (or set DECODER_DEVICE cpu)")
     assert decoder_device_problem("cuda", "0.17.0+cu130", "13.0") is None
     assert decoder_device_problem("cpu", "0.17.0", "13.0") is None

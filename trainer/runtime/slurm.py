@@ -57,6 +57,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +225,9 @@ class Batch:
 
     def srun(self, names: list[str], verb: str, *args: str) -> list[str]:
         return ["srun", f"--nodes={len(names)}", f"--ntasks={len(names)}", "--ntasks-per-node=1",
-                f"--nodelist={','.join(names)}", "--kill-on-bad-exit=0", "--no-kill", self.login.paths.env_python,
-                *layout.RUNTIME_FLAGS, "-m", "trainer.runtime", verb, self.login_dir, *args]
+                *step_cpus(os.environ), f"--nodelist={','.join(names)}", "--kill-on-bad-exit=0", "--no-kill",
+                self.login.paths.env_python, *layout.RUNTIME_FLAGS, "-m", "trainer.runtime", verb, self.login_dir,
+                *args]
 
     def node_facts(self, names: list[str]) -> list[dict[str, Any]]:
         """Every node's facts, in ``names``' order (a first step, one task per node)."""
@@ -397,6 +399,14 @@ class Batch:
             return self.requeue(*requeue, final)
         end = final.get("end") or {"state": "failed", "reason": "the job's step ended without an end on record"}
         return self.end(end["state"], end["reason"], 0 if end["state"] != "failed" else 1)
+
+
+def step_cpus(environ: Mapping[str, str]) -> list[str]:
+    """The CPUs of a step's one task per node: the job's --cpus-per-task, said again (srun 22.05 to 23.02 does not
+    read it from the job, and its task would be bound to one CPU). Whole nodes (--exclusive) need nothing: a step
+    gets all of the job's CPUs on each node."""
+    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
+    return [f"--cpus-per-task={cpus}"] if cpus else []
 
 
 def batch(login_dir: str, settings: dict[str, Any]) -> int:

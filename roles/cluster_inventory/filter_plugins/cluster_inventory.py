@@ -32,8 +32,13 @@ nodes from Slurm), the same on every host. Under ``slurm``:
   gloo) are given; ``vidcluster_slurm_spares`` (nodes allocated beyond them, idle until one replaces a lost node),
   ``vidcluster_slurm_partition``, ``vidcluster_slurm_account``, ``vidcluster_slurm_time`` (a Slurm time limit:
   minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S; empty = the partition's), ``vidcluster_slurm_signal_seconds`` (how long
-  before the time limit every rank checkpoints, less than the limit) and ``vidcluster_slurm_sbatch_extra`` (more
-  ``#SBATCH`` options, one per item, none of those the launch sets itself) may be;
+  before the time limit every rank checkpoints, less than the limit), ``vidcluster_slurm_cpus_per_task`` (``all``, the
+  default: whole nodes, ``--exclusive``; or a number of CPUs for each node's one task, which runs all its trainers and
+  their loaders), ``vidcluster_slurm_mem`` (``--mem`` per node: ``0``, the default, is all of a node's memory; a
+  Slurm size; empty = the site's default), ``vidcluster_slurm_gpus_per_task`` (true: the node's GPUs asked as
+  ``--gpus-per-task`` instead of ``--gres``, where the site wants that), ``vidcluster_slurm_gpu_bind`` (a
+  ``--gpu-bind`` value, empty = none asked) and ``vidcluster_slurm_sbatch_extra`` (more ``#SBATCH`` options, one per
+  item, none of those the launch or a setting owns) may be;
 - every ``vidcluster_slurm_*`` variable is one of these, and the same on every login host.
 
 Under ``ssh`` no host is in ``slurm_submit`` and no ``vidcluster_slurm_*`` variable is set: a setting is honoured or
@@ -210,6 +215,8 @@ SLURM_DEFAULTS: dict[str, Any] = {
     "vidcluster_slurm_nodes": None, "vidcluster_slurm_gpus_per_node": None, "vidcluster_slurm_spares": 0,
     "vidcluster_slurm_partition": "", "vidcluster_slurm_account": "", "vidcluster_slurm_time": "",
     "vidcluster_slurm_signal_seconds": 300, "vidcluster_slurm_sbatch_extra": [],
+    "vidcluster_slurm_cpus_per_task": "all", "vidcluster_slurm_mem": "0", "vidcluster_slurm_gpus_per_task": False,
+    "vidcluster_slurm_gpu_bind": "",
 }
 # sbatch options the launch sets itself, and the setting (or reason) that owns each.
 SBATCH_OWNED = {
@@ -217,13 +224,17 @@ SBATCH_OWNED = {
     **dict.fromkeys(("--partition", "-p"), "vidcluster_slurm_partition"),
     **dict.fromkeys(("--account", "-A"), "vidcluster_slurm_account"),
     **dict.fromkeys(("--time", "-t"), "vidcluster_slurm_time"),
-    **dict.fromkeys(("--gres", "--gpus-per-node", "--gpus", "-G"), "vidcluster_slurm_gpus_per_node"),
+    **dict.fromkeys(("--gres", "--gpus-per-node", "--gpus", "-G", "--gpus-per-task"), "vidcluster_slurm_gpus_per_node"),
+    **dict.fromkeys(("--cpus-per-task", "-c", "--exclusive", "--cpus-per-gpu"), "vidcluster_slurm_cpus_per_task"),
+    **dict.fromkeys(("--mem", "--mem-per-cpu", "--mem-per-gpu"), "vidcluster_slurm_mem"),
+    "--gpu-bind": "vidcluster_slurm_gpu_bind",
     "--signal": "vidcluster_slurm_signal_seconds",
     **dict.fromkeys(("--ntasks", "-n", "--ntasks-per-node", "--requeue", "--no-requeue", "--no-kill", "-k",
                      "--output", "-o", "--error", "-e", "--open-mode", "--job-name", "-J", "--chdir", "-D",
                      "--array", "-a", "--wait", "-W", "--parsable", "--export"), "the launch itself"),
 }
 _TOKEN = re.compile(r"[A-Za-z0-9_.:,+%@-]+")
+_SLURM_MEM = re.compile(r"\d+[KMGT]?")  # sbatch --mem: a size, megabytes without a unit
 _SLURM_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
 
 
@@ -278,16 +289,50 @@ def _slurm_settings(given: Mapping[str, Any], errors: list[str]) -> dict[str, An
         elif name in SBATCH_OWNED:
             errors.append(f"vidcluster_slurm_sbatch_extra item {item!r}: {name} is set by {SBATCH_OWNED[name]}")
     checked["vidcluster_slurm_sbatch_extra"] = [item.strip() for item in extra]
+    checked.update(_slurm_resources(settings, checked["vidcluster_slurm_gpus_per_node"], errors))
     settings = {key.removeprefix("vidcluster_slurm_"): value for key, value in checked.items()}
     return {**settings, "site_options": site_options(settings)}
 
 
+def _slurm_resources(settings: Mapping[str, Any], gpus: int | None, errors: list[str]) -> dict[str, Any]:
+    """The checked CPU, memory and GPU-binding settings of a node's one task (which runs every trainer of the node and
+    their loaders, so by default it gets the whole node)."""
+    cpus = settings["vidcluster_slurm_cpus_per_task"]
+    if cpus != "all":
+        cpus = _as_int(cpus)
+        if cpus is None or cpus < 1:
+            errors.append(f"vidcluster_slurm_cpus_per_task {settings['vidcluster_slurm_cpus_per_task']!r} is not 'all' "
+                          "(whole nodes) or a whole number >= 1")
+    mem = str(settings["vidcluster_slurm_mem"] if settings["vidcluster_slurm_mem"] is not None else "")
+    if mem and not _SLURM_MEM.fullmatch(mem):
+        errors.append(f"vidcluster_slurm_mem {mem!r} is not a Slurm memory size (0 = all of a node's, 500G, 64000M)")
+    per_task = settings["vidcluster_slurm_gpus_per_task"]
+    if isinstance(per_task, str) and per_task.strip().lower() in ("true", "false"):  # -e key=value gives text
+        per_task = per_task.strip().lower() == "true"
+    if not isinstance(per_task, bool):
+        errors.append(f"vidcluster_slurm_gpus_per_task {per_task!r} is not true or false")
+    elif per_task and not gpus:
+        errors.append("vidcluster_slurm_gpus_per_task is true but vidcluster_slurm_gpus_per_node asks no GPU")
+    bind = str(settings["vidcluster_slurm_gpu_bind"] or "")
+    if bind and not _TOKEN.fullmatch(bind):
+        errors.append(f"vidcluster_slurm_gpu_bind {bind!r} is not one --gpu-bind value (none, closest, map_gpu:0,1...)")
+    return {"vidcluster_slurm_cpus_per_task": cpus, "vidcluster_slurm_mem": mem,
+            "vidcluster_slurm_gpus_per_task": per_task is True, "vidcluster_slurm_gpu_bind": bind}
+
+
 def site_options(settings: Mapping[str, Any]) -> list[str]:
     """The sbatch/srun options every job of the site gets (where, on what, and the site's own extras): partition,
-    account, one GPU resource per node's GPUs, then the extra options."""
+    account, the node's GPUs (one GPU resource, or the one task's GPUs), the CPUs and memory of the node's one task
+    (whole nodes by default: it runs every trainer of the node and their loaders), then the extra options."""
     options = [f"--partition={settings['partition']}"] if settings["partition"] else []
     options += [f"--account={settings['account']}"] if settings["account"] else []
-    options += [f"--gres=gpu:{settings['gpus_per_node']}"] if settings["gpus_per_node"] else []
+    if settings["gpus_per_node"]:
+        gpus = "--gpus-per-task={}" if settings["gpus_per_task"] else "--gres=gpu:{}"
+        options.append(gpus.format(settings["gpus_per_node"]))
+    options += [f"--gpu-bind={settings['gpu_bind']}"] if settings["gpu_bind"] else []
+    cpus = settings["cpus_per_task"]
+    options.append("--exclusive" if cpus == "all" else f"--cpus-per-task={cpus}")
+    options += [f"--mem={settings['mem']}"] if settings["mem"] else []
     return options + list(settings["sbatch_extra"])
 
 

@@ -49,32 +49,43 @@ def driver_verdict(driver: str, cuda: str, table: Mapping[str, str]) -> dict[str
         f"{parts[0]}.x build runs on it)")}
 
 
+def builds_for_driver(driver: str, builds: Mapping[str, Mapping[str, Any]], table: Mapping[str, str]) -> list[str]:
+    """The CUDA builds of ``builds`` NVIDIA driver ``driver`` runs (what a refusal advises: only builds that exist)."""
+    return [name for name, spec in builds.items()
+            if spec.get("cuda") and driver_verdict(driver, str(spec["cuda"]), table)["ok"]]
+
+
 _PIN = re.compile(r"^\s*(torch|torchvision)\s*==\s*([0-9][^\s#;+]*)(\+[^\s#;]+)?(.*)$")
+_TORCHCODEC_PIN = re.compile(r"^\s*torchcodec\s*==\s*[^\s#;]+(.*)$")
 
 
 def torch_requirements(requirements: str, build: str, builds: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The requirements a node installs for torch build ``build`` (python_env_torch_builds: cu126, cu128, cu130,
-    cpu...): ``{ok, message, text, cuda, index}``.
+    """The requirements a node installs for torch build ``build`` (python_env_torch_builds: cu126, cu130, cu132,
+    cpu): ``{ok, message, text, cuda, index}``.
 
     A build with an index gets it as an --extra-index-url line, and its name as the local version of the torch and
     torchvision pins (torch==2.14.1 -> torch==2.14.1+cu126: those exist on that index alone, PyPI refuses local
-    versions); a build without one (cu130: torch 2.14's PyPI wheels are CUDA 13.0 builds) leaves the file as it is.
-    A pin that already names another build is refused: the build is chosen in one place.
+    versions); a build without one (cu130: torch 2.14's PyPI wheels are CUDA 13.0 builds) keeps them. A build's
+    torchcodec pin replaces the file's (torchcodec's wheels are built for one CUDA each). A pin that already names
+    another build is refused: the build is chosen in one place.
     """
     if build not in builds:
         return {"ok": False, "message": (
             f"vidcluster_torch_build {build!r} is not one of python_env_torch_builds ({', '.join(builds)})")}
     spec = builds[build]
     index = str(spec.get("index") or "")
+    torchcodec = str(spec.get("torchcodec") or "")
     lines = []
     for line in requirements.splitlines():
-        pin = _PIN.match(line)
+        pin, codec = _PIN.match(line), _TORCHCODEC_PIN.match(line)
         if pin and index:
             if pin[3] and pin[3] != f"+{build}":
                 return {"ok": False, "message": (
                     f"the requirements pin {line.strip()}, another build than vidcluster_torch_build {build}: pin "
                     f"{pin[1]}=={pin[2]} (the build adds +{build})")}
             line = f"{pin[1]}=={pin[2]}+{build}{pin[4]}"
+        elif codec and torchcodec:
+            line = f"torchcodec=={torchcodec}{codec[1]}"
         lines.append(line)
     header = [f"# torch build {build} (vidcluster_torch_build)", f"--extra-index-url {index}"] if index else []
     return {"ok": True, "message": "", "text": "\n".join(header + lines) + "\n", "cuda": str(spec.get("cuda") or ""),
@@ -242,6 +253,7 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
+            "python_env_builds_for_driver": builds_for_driver,
             "python_env_decoder_problems": decoder_problems,
             "python_env_driver_verdict": driver_verdict,
             "python_env_gpu_fit": gpu_fit,
