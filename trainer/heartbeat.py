@@ -23,14 +23,13 @@ import json
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainer.runtime import schema
 from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, WHERE_SUFFIX
-from trainer.runtime.messages import COLLECTIVE, STARTING, Where
+from trainer.runtime.messages import COLLECTIVE, STARTING, UNJUDGED, Where
 from trainer.runtime.pace import Beat, Effort, beat_text
 
 EffortSource = Callable[[], Effort | None]
@@ -58,33 +57,37 @@ class _Progress:
 
 _MEASURED = _Measured()
 _PROGRESS = _Progress()
-_WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()  # parameters whose gradients mark GRADIENTS (watch_gradients)
+WATCHED = "_vidcluster_watched"  # a parameter's mark: its gradient marks GRADIENTS (watch_gradients)
 
 
 def at(phase: str) -> None:
-    """This process enters ``phase`` of its step (trainer.runtime.messages: DATA, COMPUTE, COLLECTIVE + a name...)."""
-    where = _PROGRESS.where
+    """This process enters ``phase`` of its step (trainer.runtime.messages: DATA, COMPUTE, COLLECTIVE + a name...).
+    Out of a phase that is no step (its attempt's start, an epoch's end), its step's time starts now."""
+    where, now = _PROGRESS.where, time.monotonic()
     if where.phase != phase:
-        _PROGRESS.where = dataclasses.replace(where, phase=phase, since=time.monotonic())
+        step_at = now if where.phase in UNJUDGED else where.step_at
+        _PROGRESS.where = dataclasses.replace(where, phase=phase, since=now, step_at=step_at)
 
 
 def stepped() -> None:
-    """This process took an optimizer step."""
+    """This process took an optimizer step; its usual step time follows, from its attempt's second step on (the
+    first one warms up)."""
     where, now = _PROGRESS.where, time.monotonic()
     took = now - where.step_at
-    usual = took if where.step_s is None else (1 - STEP_WEIGHT) * where.step_s + STEP_WEIGHT * took
+    if where.step == 0:
+        usual = None
+    else:
+        usual = took if where.step_s is None else (1 - STEP_WEIGHT) * where.step_s + STEP_WEIGHT * took
     _PROGRESS.where = dataclasses.replace(where, step=where.step + 1, step_at=now, step_s=usual)
 
 
 def watch_gradients(model: Any) -> None:
     """Once a gradient of ``model`` is accumulated, this process waits in the gradient all-reduce (DDP reduces each
     bucket as its gradients are ready, and the backward returns when all are reduced); once per model."""
-    params = [param for param in model.parameters() if param.requires_grad]
-    if not params or params[0] in _WATCHED:
-        return
-    for param in params:
-        _WATCHED.add(param)
-        param.register_post_accumulate_grad_hook(lambda _param: at(GRADIENTS))
+    for param in model.parameters():
+        if param.requires_grad and not getattr(param, WATCHED, False):
+            setattr(param, WATCHED, True)  # a model kept across attempts (restart in place) is watched once
+            param.register_post_accumulate_grad_hook(lambda _param: at(GRADIENTS))
 
 
 def restart_progress() -> None:

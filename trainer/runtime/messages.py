@@ -71,6 +71,7 @@ IDLE = Trainer(attempt=None, state=TrainerState.IDLE, rank=None, pid=None, rc=No
 # Where a training process is in its step (``Where.phase``): a collective's phase is COLLECTIVE and its name.
 DATA, COMPUTE, CHECKPOINT, EVALUATE, STARTING = "data", "compute", "checkpoint", "evaluate", "starting"
 COLLECTIVE = "collective:"
+UNJUDGED = (STARTING, EVALUATE)  # no step is due in them: a rank there is never hung (trainer.runtime.verdict.hung)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Where:
     phase: str  # DATA, COMPUTE, COLLECTIVE + a name, CHECKPOINT, EVALUATE (an epoch's end), STARTING
     since: float  # it entered the phase
     step_at: float  # its last step (its attempt's start before the first)
-    step_s: float | None  # its usual step time (None before its first step)
+    step_s: float | None  # its usual step time (None before its second step)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import signal
 from collections.abc import Iterable
 
 from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
-from trainer.runtime.messages import EVALUATE, RankProgress
+from trainer.runtime.messages import UNJUDGED, RankProgress
 from trainer.runtime.record import Failure, Kind
 from trainer.runtime.timing import Timings
 
@@ -80,10 +80,10 @@ def hung(ranks: Iterable[tuple[str, RankProgress]], timings: Timings, wall: floa
     """The hung rank of an attempt (node, its rank's progress), or None: a rank whose step has not advanced for
     ``hang_factor`` times its usual step time (``hang_floor`` at least) while another rank waits in a collective.
     Of several, the one the others wait for: the furthest behind, then one not itself waiting in a collective, then
-    the one that entered its phase last. A rank before its first step (starting) or at an epoch's end (evaluating,
-    as long as the validation set takes) is not judged."""
+    the one that entered its phase last. A rank before its second step, or at its attempt's start or an epoch's end
+    (evaluating, as long as the validation set takes: UNJUDGED) is not judged."""
     each = list(ranks)
-    stalled = [(node, r) for node, r in each if r.step_s is not None and r.phase != EVALUATE
+    stalled = [(node, r) for node, r in each if r.step_s is not None and r.phase not in UNJUDGED
                and r.stalled_s > max(timings.hang_floor, timings.hang_factor * r.step_s)]
     if not stalled:
         return None
