@@ -7,6 +7,7 @@ refused when another user could have written them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -18,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import channel, procs
+from trainer.runtime import channel, layout, procs, schema
 from trainer.runtime.channel import ChannelError, Notice, ProcessReport, ProcState
-from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV
+from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV, WHERE_SUFFIX
 from trainer.runtime.hub import new_record
-from trainer.runtime.messages import TrainerState
+from trainer.runtime.messages import DATA, TrainerState, Where
 from trainer.runtime.node import Node
+from trainer.runtime.pace import Beat, beat_text
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import Failure, Kind, Phase, Start
 
@@ -201,3 +203,23 @@ def test_on_nccl_the_flight_recorder_dumps_into_the_attempts_folder_and_its_time
     (folder / "rank_1").write_bytes(b"trace")
     assert node.timeline().flight == (str(folder / "rank_1"),)  # type: ignore[union-attr]
     assert "TORCH_FR_DUMP_TEMP_FILE" not in Node(planned, lambda _line: None)._env("3")  # gloo: nothing to record
+
+
+def test_the_ranks_progress_goes_to_the_hub_while_they_beat_a_silent_one_is_left_to_the_heartbeat(node: Node) -> None:
+    trainer = trainer_process(node.plan)
+    begun(node, trainer)
+    seen(node, trainer)
+    report(node, trainer.pid, started=time.time())
+    beats = Path(node.job_dir) / layout.HEARTBEAT_DIR
+    beats.mkdir()
+    now = time.monotonic()
+    where = Where(step=7, phase=DATA, since=now - 3, step_at=now - 5, step_s=0.5)
+    (beats / f"{trainer.pid}{WHERE_SUFFIX}").write_text(json.dumps(schema.dump(where)))
+    (beats / str(trainer.pid)).write_text(beat_text(Beat(at=now, effort=None)))
+    node.poll()
+    [rank] = node.ranks()
+    assert (rank.rank, rank.step, rank.phase, rank.step_s) == (0, 7, DATA, 0.5)
+    assert 5 <= rank.stalled_s < 6 and 3 <= rank.phase_s < 4
+    # Its beats stop (SIGSTOP, a hung filesystem): frozen, which its heartbeat's timeout names; not judged hung.
+    (beats / str(trainer.pid)).write_text(beat_text(Beat(at=now - 3 * node.timings.report_every, effort=None)))
+    assert node.ranks() == ()

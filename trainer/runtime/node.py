@@ -366,12 +366,16 @@ class Node:
         return None
 
     def ranks(self) -> tuple[RankProgress, ...]:
-        """Where each rank of the running attempt is (its heartbeat's ``Where``), in seconds before now."""
+        """Where each rank of the running attempt is (its heartbeat's ``Where``), in seconds before now; a rank whose
+        beats stopped coming is left out (it is frozen, not hung: this node names it when its heartbeat times out)."""
         if not self.running:
             return ()
         folder, now = Path(self.job_dir) / layout.HEARTBEAT_DIR, time.monotonic()
         ranks = []
         for report in self._mine():
+            beat = read_beat(folder / str(report.pid))
+            if beat is None or now - beat.at > 2 * self.timings.report_every:
+                continue
             try:
                 where = parse(Where, json.loads((folder / f"{report.pid}{WHERE_SUFFIX}").read_text()), "where")
             except (OSError, ValueError, SchemaError):  # not written yet, or being written
