@@ -81,7 +81,7 @@ from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_
 from trainer.resume import EpochProgress, load_resume_state
 from trainer.runtime.channel import Join
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
-from trainer.runtime.messages import CHECKPOINT, COLLECTIVE, EVALUATE
+from trainer.runtime.messages import CHECKPOINT, EVALUATE
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 from trainer.timeline import PROCESS
 from trainer.weights import load_weights
@@ -224,9 +224,6 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
                 raise PeerError(f"rank {ctx.rank}: {exc}") from None
             log.warning("rank %d: joining attempt %d in place as node rank %d, rendezvous %s", ctx.rank, join.attempt,
                         join.rank, join.rendezvous)
-
-
-AGREE = COLLECTIVE + "agree"  # the step's agreement (trainer.coordination)
 
 
 def attempt_ended(exc: BaseException) -> bool:
@@ -399,7 +396,6 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     """What every rank does after an optimizer step: agree on a checkpoint or a stop (one all-reduce), report the
     step, record a restarted attempt after its first step."""
     state = run.state
-    heartbeat.at(AGREE)
     with state.clock.waiting():
         verdict = run.control.agree(step_clips)
     heartbeat.stepped()

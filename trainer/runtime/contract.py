@@ -46,14 +46,15 @@ STANDBY_ENV = "VIDCLUSTER_STANDBY"
 # getppid() when the wait begins, which is after the imports: a parent that died during them would go unnoticed.
 PARENT_ENV = "VIDCLUSTER_PARENT"
 
-# -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
-# On nccl: the folder of PyTorch's flight recorder dumps, one folder per attempt (``flight_env``).
+# On nccl: the folder of PyTorch's flight recorder dumps, one folder per attempt (``nccl_env``).
 FLIGHT_ENV = "VIDCLUSTER_FLIGHT"
 FLIGHT_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # torch 2.14's name (TORCH_NCCL_DEBUG_INFO_TEMP_FILE before it)
 FLIGHT_ENTRIES = 2000  # collectives each process keeps in its flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE)
 # torch 2.14's watchdog on a failed nccl collective: 2 (CleanUpOnly) aborts the communicator and the collective
 # raises; its default, 3, ends the process, which could then not park (restart in place).
 NCCL_ERROR_HANDLING_ENV, NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"
+
+# -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
 WEIGHTS_CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
 WEIGHTS_URL_ENV = "VIDCLUSTER_WEIGHTS_URL"
 WEIGHTS_ALLOW_HTTP_ENV = "VIDCLUSTER_WEIGHTS_ALLOW_HTTP"  # "1": a plain http mirror is asked for

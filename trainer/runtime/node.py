@@ -17,7 +17,7 @@ is killed, and the next attempt starts without it (the timeline's ``fallback`` s
 A trainer whose rank the hub names hung (trainer.runtime.verdict.hung: from the ranks' progress, ``ranks``, which each
 process's heartbeat carries) gets SIGKILL at once, as a frozen one: its main thread is stuck, so it can neither park
 nor stop. On nccl each trainer keeps PyTorch's flight recorder, which dumps into the attempt's folder of the job's
-``flight/`` on a collective's timeout or error (contract.flight_env); the attempt's timeline lists the dumps.
+``flight/`` on a collective's timeout or error (contract.nccl_env); the attempt's timeline lists the dumps.
 
 Stopping: a trainer that is stopped because the job no longer wants it gets SIGTERM; one stopped for a user, a
 preemption or a straggler's swap (trainer.runtime.straggler) gets SIGUSR1 (the trainer then checkpoints at a step
