@@ -211,7 +211,7 @@ def test_a_rank_hung_in_its_step_is_named_by_its_progress_and_killed_and_the_job
     assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
     cause = record.attempts[1].cause
     assert cause is not None and (cause.node, cause.kind) == ("n1", Kind.HUNG), job.logs()
-    assert cause.reason.startswith("its rank 1 hung in compute at step "), cause.reason
+    assert cause.reason.startswith("its rank 1 hung in compute, 19 steps into its attempt: "), cause.reason
     assert "while rank(s) 0 wait in a collective" in cause.reason, cause.reason
     # Named once its step had stalled for the floor (the heartbeat timeout, at the default hang factor), and the next
     # attempt started within 30 s of its last step.

@@ -436,8 +436,8 @@ def test_a_rank_whose_step_stalls_while_the_others_wait_in_a_collective_is_named
     j.tick(1, "n0", "n1")
     first = j.record.first_failure
     assert j.record.phase == "stopping" and first is not None and (first.node, first.kind) == ("n1", Kind.HUNG)
-    assert first.reason == ("its rank 1 hung in data at step 40: no step for 61 s (10 x its usual 0.50 s), while "
-                            "rank(s) 0 wait in a collective"), first.reason
+    assert first.reason == ("its rank 1 hung in data, 40 steps into its attempt: no step for 61 s (its usual step: "
+                            "0.50 s), while rank(s) 0 wait in a collective"), first.reason
     assert first.at == j.wall - (HT + 1)  # its last step: the last sign of its progress
 
 

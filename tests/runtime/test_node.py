@@ -148,7 +148,7 @@ def test_a_trainer_whose_rank_the_hub_names_hung_is_killed_at_once(node: Node) -
     begun(node, trainer)
     seen(node, trainer)
     record = new_record(node.plan, time.time())
-    hung = Failure("n0", Kind.HUNG, "its rank 0 hung in data at step 3", time.time())
+    hung = Failure("n0", Kind.HUNG, "its rank 0 hung in data, 3 steps into its attempt", time.time())
     node.reconcile(dataclasses.replace(record, phase=Phase.STOPPING, first_failure=hung))
     assert trainer.wait(10) == -signal.SIGKILL  # no stop grace
     node.poll()

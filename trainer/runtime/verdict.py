@@ -92,7 +92,7 @@ def hung(ranks: Iterable[tuple[str, RankProgress]], timings: Timings, wall: floa
     if not waiting:
         return None
     assert rank.step_s is not None
-    reason = (f"its rank {rank.rank} hung in {rank.phase} at step {rank.step}: no step for {rank.stalled_s:.0f} s "
-              f"({timings.hang_factor:g} x its usual {rank.step_s:.2f} s), while rank(s) "
+    reason = (f"its rank {rank.rank} hung in {rank.phase}, {rank.step} steps into its attempt: no step for "
+              f"{rank.stalled_s:.0f} s (its usual step: {rank.step_s:.2f} s), while rank(s) "
               f"{', '.join(map(str, waiting))} wait in a collective")
     return Failure(node, Kind.HUNG, reason, wall - rank.stalled_s)
