@@ -100,7 +100,8 @@ def nccl_env(folder: str, attempt: int | str, in_place: bool) -> dict[str, str]:
     a failed collective aborts its communicator and raises (NCCL_ERROR_HANDLING) instead of ending the process, so
     that the process can park."""
     env = {FLIGHT_ENV: folder, FLIGHT_DUMP_ENV: flight_dump(folder, attempt),
-           "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+           "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+           "TORCH_NCCL_ENABLE_MONITORING": "1"}  # torch dumps on a timeout only with its monitor on
     if in_place:
         env[NCCL_ERROR_HANDLING_ENV] = NCCL_ERROR_HANDLING
     return env
