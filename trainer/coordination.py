@@ -22,8 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer import heartbeat
 from trainer.distributed import DistContext, all_reduce_sum, host_group
 from trainer.errors import STOP_SIGNALS, restore_stop_handlers
+from trainer.runtime.messages import COLLECTIVE
+
+AGREE = COLLECTIVE + "agree"  # a process waits in the step's agreement (its heartbeat says so: trainer.heartbeat)
 
 
 class StopRequest:
@@ -76,6 +80,7 @@ class StepControl:
 
     def agree(self, step_clips: int) -> Verdict:
         """This step's verdict: one all-reduce of three integers."""
+        heartbeat.at(AGREE)
         due = (self.ctx.is_main and self.interval_s > 0
                and time.monotonic() - self._last_checkpoint >= self.interval_s)
         flags = torch.tensor([int(due), int(self.stop.requested), step_clips], dtype=torch.int64)

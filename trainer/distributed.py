@@ -19,11 +19,12 @@ Ranks come from, in this order:
 
 A GPU worker binds itself to the CPUs of its GPU's socket before it joins (``trainer.numa``: its loader workers inherit
 them). Every worker joins the group with ``timeout=DDP_CONFIG.TIMEOUT_SECONDS``; a peer that does not arrive in time
-ends the run with a DistributedError naming the rendezvous address. The group is destroyed when the worker returns or
-raises, and a worker's exception makes ``launch`` raise: a spawned worker's UserError comes back as a UserError with the
-same one-line message (no traceback: the input was bad, not the code), its Preempted as a Preempted (so the command's
-exit status is the worker's: trainer.errors), any other exception as a DistributedError after its traceback is logged.
-The process that spawns workers passes SIGTERM and SIGUSR1 on to them (errors.STOP_SIGNALS: how a stop is asked for).
+ends the run with a DistributedError naming the rendezvous address. The group is destroyed when the worker returns, and
+aborted when it raises (``abort_groups``: its peers may be gone, and nccl's graceful destroy would wait for them), and a
+worker's exception makes ``launch`` raise: a spawned worker's UserError comes back as a UserError with the same
+one-line message (no traceback: the input was bad, not the code), its Preempted as a Preempted (so the command's exit
+status is the worker's: trainer.errors), any other exception as a DistributedError after its traceback is logged. The
+process that spawns workers passes SIGTERM and SIGUSR1 on to them (errors.STOP_SIGNALS: how a stop is asked for).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.distributed_c10d import _abort_process_group
 
 from trainer.config import Config, DDPConfig, check_runtime
 from trainer.errors import (
@@ -522,8 +524,10 @@ def _run_worker(
 ) -> None:
     PROCESS.set(ProcState.TRAINING, ctx.rank)
     _init_group(ctx, plan)
+    returned = False
     try:
         worker_fn(ctx, _runtime_cfg(cfg, ctx, plan.from_env))
+        returned = True
     except Preempted:
         raise  # a stop that was asked for, not a failure
     except Exception as exc:
@@ -541,13 +545,29 @@ def _run_worker(
             raise
         raise error from exc
     finally:
-        leave_group()
+        if returned:
+            leave_group()
+        else:
+            abort_groups()
 
 
 def leave_group() -> None:
     """Tear down this process's process groups (its job's and any other), if it has any."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+_ABORTING = threading.Lock()  # the main thread parks while the restart-in-place watch may abort (trainer.inplace)
+
+
+def abort_groups() -> None:
+    """Abort this process's process groups, if it has any, when its peers may be gone: torch 2.14's
+    destroy_process_group shuts nccl down gracefully, which waits on a dead peer (pytorch#141510); an abort does not
+    wait, and a collective another thread waits in fails. On gloo the abort only drops the groups (a collective in
+    flight fails when its dead peer's connection closes, not before), and is as quick."""
+    with _ABORTING:
+        if dist.is_initialized():
+            _abort_process_group()
 
 
 def rejoin(ctx: DistContext, cfg: Config, rank: int, rendezvous: str, world_urls: list[str]

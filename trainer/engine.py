@@ -22,12 +22,14 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer import heartbeat
 from trainer.accel import autocast, clip_normalizer, ddp_module
 from trainer.config import Config
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, any_rank
 from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
+from trainer.runtime.messages import COMPUTE, DATA
 
 log = logging.getLogger("trainer")
 
@@ -146,8 +148,10 @@ def train_one_epoch(
     clock = state.clock
     clock.epoch_start()
     batches = _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}", tally.batches)
+    heartbeat.at(DATA)
     for batch, last, end, sync in batches:
         clock.batch_ready()
+        heartbeat.at(COMPUTE)
         tally.batches += 1
         tally.bad.extend(batch["bad"])
         tally.fallback.extend(batch["fallback"])
@@ -173,6 +177,7 @@ def train_one_epoch(
             after_step(tally, step_clips, end)
             clock.step_done()
             step_clips = 0
+        heartbeat.at(DATA)
     stats = torch.cat([tally.sums, torch.tensor([tally.clips], device=ctx.device, dtype=torch.float64)])
     all_reduce_sum(stats)
     count = max(stats[2].item(), 1.0)

@@ -6,7 +6,11 @@ what the process's step clock has counted in its attempt (trainer/pace.py), one 
 The node's supervisor (trainer/runtime/node.py) sets both variables and treats a live process whose
 heartbeat has gone stale as frozen (SIGSTOP, a hung filesystem, a wedged driver): the job restarts without it; the
 counts go to the job's hub, which finds slow nodes (trainer.runtime.straggler) and counts the job's goodput.
-A thread keeps beating while the main thread waits in a collective, so a slow step is never taken for a frozen one.
+A thread keeps beating while the main thread waits in a collective, so a slow step is never taken for a frozen one;
+for the same reason a beat alone cannot tell a hung rank from a live one: beside it, ``<pid>.where`` says where the
+process is (trainer.runtime.messages.Where: its step, its phase, its usual step time), which the training loop marks
+(``at``, ``stepped``); the hub names a rank whose step stopped while the others wait in a collective
+(trainer.runtime.verdict.hung).
 Without the variables (a run by hand, torchrun) nothing happens.
 """
 
@@ -14,16 +18,23 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import json
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV
+from trainer.runtime import schema
+from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, WHERE_SUFFIX
+from trainer.runtime.messages import COLLECTIVE, STARTING, UNJUDGED, Where
 from trainer.runtime.pace import Beat, Effort, beat_text
 
 EffortSource = Callable[[], Effort | None]
+GRADIENTS = COLLECTIVE + "gradients"  # the gradient all-reduce
+STEP_WEIGHT = 0.2  # the usual step time follows each new step by this much (an exponential average)
 
 
 class _Measured:
@@ -33,7 +44,55 @@ class _Measured:
         self.effort: EffortSource = lambda: None
 
 
+class _Progress:
+    """Where this process is: what the training loop marked last (``at``, ``stepped``)."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        now = time.monotonic()
+        self.where = Where(step=0, phase=STARTING, since=now, step_at=now, step_s=None)
+
+
 _MEASURED = _Measured()
+_PROGRESS = _Progress()
+WATCHED = "_vidcluster_watched"  # a parameter's mark: its gradient marks GRADIENTS (watch_gradients)
+
+
+def at(phase: str) -> None:
+    """This process enters ``phase`` of its step (trainer.runtime.messages: DATA, COMPUTE, COLLECTIVE + a name...).
+    Out of a phase that is no step (its attempt's start, an epoch's end), its step's time starts now."""
+    where, now = _PROGRESS.where, time.monotonic()
+    if where.phase != phase:
+        step_at = now if where.phase in UNJUDGED else where.step_at
+        _PROGRESS.where = dataclasses.replace(where, phase=phase, since=now, step_at=step_at)
+
+
+def stepped() -> None:
+    """This process took an optimizer step; its usual step time follows, from its attempt's second step on (the
+    first one warms up)."""
+    where, now = _PROGRESS.where, time.monotonic()
+    took = now - where.step_at
+    if where.step == 0:
+        usual = None
+    else:
+        usual = took if where.step_s is None else (1 - STEP_WEIGHT) * where.step_s + STEP_WEIGHT * took
+    _PROGRESS.where = dataclasses.replace(where, step=where.step + 1, step_at=now, step_s=usual)
+
+
+def watch_gradients(model: Any) -> None:
+    """Once a gradient of ``model`` is accumulated, this process waits in the gradient all-reduce (DDP reduces each
+    bucket as its gradients are ready, and the backward returns when all are reduced); once per model."""
+    for param in model.parameters():
+        if param.requires_grad and not getattr(param, WATCHED, False):
+            setattr(param, WATCHED, True)  # a model kept across attempts (restart in place) is watched once
+            param.register_post_accumulate_grad_hook(lambda _param: at(GRADIENTS))
+
+
+def restart_progress() -> None:
+    """A new attempt in this process (restart in place): its steps count from its start."""
+    _PROGRESS.restart()
 
 
 def measure(source: EffortSource) -> None:
@@ -42,6 +101,8 @@ def measure(source: EffortSource) -> None:
 
 
 def _write(path: Path, tmp: Path) -> None:
+    tmp.write_text(json.dumps(schema.dump(_PROGRESS.where)))
+    os.replace(tmp, path.with_name(path.name + WHERE_SUFFIX))
     tmp.write_text(beat_text(Beat(at=round(time.monotonic(), 3), effort=_MEASURED.effort())))
     os.replace(tmp, path)
 
@@ -63,6 +124,7 @@ def start_heartbeat() -> None:
     if path.exists():
         return  # already beating (launch and a worker can be the same process)
     interval = float(os.environ.get(HEARTBEAT_INTERVAL_ENV, "5"))
-    atexit.register(lambda: path.unlink(missing_ok=True))
+    atexit.register(lambda: (path.unlink(missing_ok=True),
+                             path.with_name(path.name + WHERE_SUFFIX).unlink(missing_ok=True)))
     _write(path, path.with_name(f".{path.name}.tmp"))
     threading.Thread(target=_beat, args=(path, interval), name="vidcluster-heartbeat", daemon=True).start()

@@ -3,10 +3,16 @@ trainer.runtime.channel).
 
 A training process the runtime started with $VIDCLUSTER_IN_PLACE goes on when its attempt ends under it: a peer went
 away (a collective failed), its group did not form, or its supervisor said the attempt is over (read after every
-optimizer step: ``InPlace.check``). It waits for the checkpoint it was writing, tears down its process group, says it
-is parked, and waits until its supervisor hands it the next attempt; then it forms that attempt's group (its node's
-rank and rendezvous may have changed) and resumes from the checkpoint every rank agrees on, as a new process would,
-with its interpreter, model and data loaders kept (train.train_worker's loop).
+optimizer step: ``InPlace.check``). It waits for the checkpoint it was writing, aborts its process groups
+(distributed.abort_groups: a graceful destroy waits on a dead peer under nccl), says it is parked, and waits until its
+supervisor hands it the next attempt; then it forms that attempt's group (its node's rank and rendezvous may have
+changed) and resumes from the checkpoint every rank agrees on, as a new process would, with its interpreter, model and
+data loaders kept (train.train_worker's loop).
+
+Under nccl a rank may be told its attempt is over while it waits in a collective whose peer is gone, which nccl would
+wait in until DDP_CONFIG.TIMEOUT_SECONDS: a thread (``InPlace.abort_when_over``) aborts its groups LEAVE_S after
+the word, so the collective fails and the rank parks (gloo's collective fails by itself once the peer's connection
+closes).
 
 A standby (``standby_argv``) is a trainer process its supervisor starts ahead of need: it has imported what a trainer
 imports, and waits here until it is handed an attempt; then it trains it as a process started for it would.
@@ -23,18 +29,31 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainer.heartbeat import restart_progress
 from trainer.runtime import channel
 from trainer.runtime.channel import ChannelError, Join, Notice, ProcState, Who
-from trainer.runtime.contract import ATTEMPT_ENV, CHANNEL_ENV, IN_PLACE_ENV, PARENT_ENV, STANDBY_ENV, TRAINER_ENV
+from trainer.runtime.contract import (
+    ATTEMPT_ENV,
+    CHANNEL_ENV,
+    FLIGHT_DUMP_ENV,
+    FLIGHT_ENV,
+    IN_PLACE_ENV,
+    PARENT_ENV,
+    STANDBY_ENV,
+    TRAINER_ENV,
+    flight_dump,
+)
 from trainer.timeline import PROCESS
 
 log = logging.getLogger("trainer")
 
 POLL_S = 0.05  # a waiting process reads the notice this often
+LEAVE_S = 1.0  # a rank told its attempt is over leaves it at its next step; one still in it after this is stuck
 
 
 class LeftAttempt(Exception):
@@ -97,7 +116,12 @@ def take(join: Join) -> None:
         os.environ[ATTEMPT_ENV] = json.dumps(join.told)
     else:
         os.environ.pop(ATTEMPT_ENV, None)
+    flight = os.environ.get(FLIGHT_ENV)
+    if flight:  # the flight recorder's dumps go with this attempt (torch reads the name when it first dumps)
+        os.environ[FLIGHT_DUMP_ENV] = dump = flight_dump(flight, join.attempt)
+        Path(dump).parent.mkdir(parents=True, exist_ok=True)
     PROCESS.begin(join.attempt)
+    restart_progress()
 
 
 def standby_argv(argv: list[str]) -> list[str]:
@@ -128,11 +152,36 @@ class InPlace:
         folder = os.environ.get(CHANNEL_ENV)
         return cls(folder) if os.environ.get(IN_PLACE_ENV) == "1" and folder else None
 
+    def over(self, attempt: int | None) -> bool:
+        """Whether the supervisor has said that ``attempt`` is over."""
+        notice = self.notices.current()
+        return attempt is not None and notice is not None and notice.over >= attempt
+
     def check(self, attempt: int | None) -> None:
         """LeftAttempt when the supervisor has said that ``attempt`` is over (after every optimizer step)."""
-        notice = self.notices.current()
-        if attempt is not None and notice is not None and notice.over >= attempt:
+        if self.over(attempt):
             raise LeftAttempt(f"the supervisor says attempt {attempt} is over")
+
+    def abort_when_over(self, abort: Callable[[], None]) -> None:
+        """From now on, a thread calls ``abort`` (distributed.abort_groups) once this process's attempt has been over
+        for LEAVE_S and it still trains in it (see the module docstring)."""
+        watch = InPlace(str(self.notices.path.parent))  # its own reading of the notice: the main thread has one
+        threading.Thread(target=watch._abort_when_over, args=(abort,), name="vidcluster-leave", daemon=True).start()
+
+    def _abort_when_over(self, abort: Callable[[], None]) -> None:
+        told: tuple[int, float] | None = None  # (attempt, when the word was read)
+        while True:
+            attempt = PROCESS.attempt
+            if PROCESS.state == ProcState.TRAINING and self.over(attempt):
+                assert attempt is not None
+                if told is None or told[0] != attempt:
+                    told = (attempt, time.monotonic())
+                elif told[1] >= 0 and time.monotonic() - told[1] >= LEAVE_S:
+                    log.warning("attempt %d is over and this rank is still in it: aborting its process groups",
+                                attempt)
+                    abort()
+                    told = (attempt, -1.0)  # once per attempt
+            time.sleep(POLL_S)
 
     def next_attempt(self, attempt: int | None, stopped: Callable[[], bool]) -> Join:
         """Parked (the caller tore its group down): wait for the supervisor to hand this process a later attempt."""

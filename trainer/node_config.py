@@ -55,10 +55,12 @@ from trainer.runtime import contract, layout
 from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 from trainer.runtime.straggler import Rules, Treatment
+from trainer.runtime.timing import DEFAULT_HANG_FACTOR, MIN_HANG_FACTOR
 
 USE_TIME = "use_time"
 DEFAULT_RUN_NAME = "run"
-WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_grace": 15.0}
+WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_grace": 15.0,
+                  "hang_factor": DEFAULT_HANG_FACTOR}
 RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0, "in_place": True}
 STRAGGLER_DEFAULTS = {"threshold": 0.7, "window": 300.0, "action": "auto", "cooldown": 1800.0}
 
@@ -73,6 +75,13 @@ def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError("a number")
     return float(value)
+
+
+def _hang_factor(value: Any) -> float:
+    factor = _number(value)
+    if factor < MIN_HANG_FACTOR:
+        raise ValueError(f"a number of {MIN_HANG_FACTOR:g} at least (a slower step would be taken for a hang)")
+    return factor
 
 
 def _text(value: Any) -> str:
@@ -212,7 +221,8 @@ class JobSpec:
             "job_id": _text, "port": _integer, "nodes": _node_list("nodes"), "spares": _node_list("spares"),
             "cpu_workers": _integer, "timeout_seconds": _integer, "resume": _text, "overrides": _mapping,
             "jobs_dir": _text, "code_root": _text, "code_version": _text, "env_path": _text,
-            "watch": _section("watch", dict.fromkeys(WATCH_DEFAULTS, _number), WATCH_DEFAULTS),
+            "watch": _section("watch", {**dict.fromkeys(WATCH_DEFAULTS, _number), "hang_factor": _hang_factor},
+                              WATCH_DEFAULTS),
             "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number, "in_place": _flag},
                                  RESTART_DEFAULTS),
             "stragglers": lambda value: _straggler_rules(_section(

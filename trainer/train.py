@@ -62,13 +62,13 @@ from trainer.data.multigrid import MultigridSchedule
 from trainer.distributed import (
     DistContext,
     PeerError,
+    abort_groups,
     add_launcher_args,
     all_gather_object,
     barrier,
     broadcast_buffers,
     broadcast_object,
     launch,
-    leave_group,
     rejoin,
 )
 from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
@@ -81,6 +81,7 @@ from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_
 from trainer.resume import EpochProgress, load_resume_state
 from trainer.runtime.channel import Join
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
+from trainer.runtime.messages import CHECKPOINT, EVALUATE
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 from trainer.timeline import PROCESS
 from trainer.weights import load_weights
@@ -191,6 +192,8 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     # First the stop signals: a stop asked for while the run starts is honoured at its first step.
     with stop_signals() as stop, loader_workers():
         place = InPlace.from_env()
+        if place is not None and ctx.backend == "nccl":
+            place.abort_when_over(abort_groups)  # a collective whose peer is gone fails then, not at its timeout
         kept: Kept | None = None
         join: Join | None = None  # the attempt this process was handed in place
         while True:
@@ -208,7 +211,7 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
             except BaseException as exc:
                 if run is not None:
                     run.reporter.close("failed", f"{type(exc).__name__}: {first_line(exc)}")
-                if place is None or stop.requested or not attempt_ended(exc):
+                if place is None or stop.requested or not (attempt_ended(exc) or place.over(PROCESS.attempt)):
                     raise
                 log.warning("rank %d: attempt %s is over (%s: %s); waiting in place for the next one", ctx.rank,
                             PROCESS.attempt, type(exc).__name__, first_line(exc))
@@ -233,7 +236,7 @@ def park(run: Run | None, kept: Kept | None) -> Kept | None:
     """Out of an attempt that is over: its group torn down; what the next attempt keeps. A checkpoint being written
     goes on being written meanwhile (a thread that the process's exit waits for): whether the next attempt sees it or
     not, every rank chooses the same checkpoint (trainer.resume)."""
-    leave_group()
+    abort_groups()  # its peers may be gone: a graceful teardown would wait for them (nccl)
     return Kept.of(run) if run is not None else kept
 
 
@@ -316,6 +319,7 @@ def start_clock(model: nn.Module, ctx: DistContext, step: int, checkpoint_minute
     clock = StepClock(ctx.device, start_step=step, checkpoint_every_s=60.0 * checkpoint_minutes)
     clock.attach(model)
     heartbeat.measure(lambda: clock.effort)
+    heartbeat.watch_gradients(model)
     return clock
 
 
@@ -334,6 +338,7 @@ def run_epoch(run: Run, epoch: int) -> None:
     metrics: dict[str, object] = {"lr": epoch_lr}
     metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter, tally,
                                    functools.partial(after_step, run, epoch, epoch_lr)))
+    heartbeat.at(EVALUATE)  # the epoch's end: no step until the next epoch
     broadcast_buffers(run.raw_model)
     done = epoch + 1
     is_best = False
@@ -391,6 +396,7 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     state = run.state
     with state.clock.waiting():
         verdict = run.control.agree(step_clips)
+    heartbeat.stepped()
     run.reporter.step_done(state.step, verdict.clips, state.scheduler.get_last_lr()[0])
     if not run.stepped:
         run.stepped = True
@@ -419,6 +425,7 @@ def save_mid_epoch(run: Run, epoch: int, epoch_lr: float, tally: EpochTally) -> 
     """Every rank: a checkpoint of this very step, with where the epoch stands on every rank (the writers write it)."""
     # Both copies hold rank 0's BatchNorm statistics. Training never reads them, and every rank takes rank 0's at the
     # epoch's end anyway, so the final weights are those of a run without mid-epoch checkpoints.
+    heartbeat.at(CHECKPOINT)
     with run.state.clock.stalled():
         broadcast_buffers(run.raw_model)
         progress = EpochProgress.capture(run.ctx, epoch, epoch_lr, tally)

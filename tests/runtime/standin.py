@@ -28,6 +28,10 @@ Its steps go through the real step clock (trainer/pace.py) into its heartbeat, a
 computes for STANDIN_STEP_S, then waits for the slowest node of the attempt. STANDIN_SLOW names a JSON file a test may
 write at any time, ``{"ip": IP, "factor": F}``: the node at IP computes F times as long, so every node of an attempt
 with it takes F times as long per step, and the others wait in the all-reduce (a straggler).
+Its heartbeat says where it is (trainer.heartbeat.at, .stepped: compute, then the gradient all-reduce, then data).
+STANDIN_HANG="ATTEMPT:STEP:RANK" hangs rank RANK of attempt ATTEMPT in its compute of step STEP, as a rank stuck in
+native code: its main thread never comes back and ignores stop signals, its heartbeat thread beats on; every other rank
+of the attempt waits for it in that step's all-reduce until it is gone (then their collective fails, as gloo's does).
 """
 
 from __future__ import annotations
@@ -43,11 +47,12 @@ from pathlib import Path
 from types import FrameType
 
 from trainer.errors import ignore_stop_signals
-from trainer.heartbeat import measure, start_heartbeat
+from trainer.heartbeat import GRADIENTS, at, measure, start_heartbeat, stepped
 from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
 from trainer.pace import StepClock
 from trainer.runtime.channel import ProcState
 from trainer.runtime.contract import ATTEMPT_ENV, COPY_NODE_RANK, EXIT_PREEMPTED, STATUS_FILE, TRAINER_ENV
+from trainer.runtime.messages import COMPUTE, DATA
 from trainer.timeline import PROCESS
 
 STEPS_PER_EPOCH = 10
@@ -123,10 +128,20 @@ class StandIn:
         """One step through the step clock: compute, then wait for the attempt's slowest node."""
         own, slowest = self.factors()
         self.clock.batch_ready()
+        at(COMPUTE)
+        hung = self.hung_rank()
+        if hung == self.rank:
+            ignore_stop_signals()  # stuck in native code: no stop signal is acted on
+            while True:
+                time.sleep(1)
         time.sleep(self.step_s * own)
         self.clock.backward_done()
+        at(GRADIENTS)
         with self.clock.waiting():
             time.sleep(self.step_s * (slowest - own))
+            while hung is not None:  # the all-reduce waits for the hung rank, until its connection closes
+                self.check_peers()
+                time.sleep(0.02)
         self.check_peers()
         self.step += 1
         self.weights = trained(self.weights, self.step)
@@ -134,6 +149,14 @@ class StandIn:
             with self.clock.stalled():
                 self.checkpoint()
         self.clock.step_done()
+        stepped()
+        at(DATA)
+
+    def hung_rank(self) -> int | None:
+        """The rank STANDIN_HANG hangs in this step of this attempt, if any."""
+        planned = os.environ.get("STANDIN_HANG", "")
+        attempt, step, rank = (int(x) for x in planned.split(":")) if planned else (-1, -1, -1)
+        return rank if (self.attempt, self.step + 1) == (attempt, step) else None
 
     def status(self, state: str, message: str = "") -> None:
         if self.rank == 0:

@@ -200,3 +200,25 @@ def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callab
     preempted = "its trainer checkpointed and stopped when asked (exit status 75) (attempt 0)"
     assert came(record) == {"n0": (Start.STANDBY, preempted), "n1": (Start.STANDBY, preempted)}
     exact(job, "n0", "n1")
+
+
+def test_a_rank_hung_in_its_step_is_named_by_its_progress_and_killed_and_the_job_restarts_in_seconds(
+        loopback: Callable[..., Job]) -> None:
+    # n1's rank hangs in the compute of step 20, beating on; n0 waits for it in the all-reduce. Nothing but their
+    # progress tells: without the hub's hang detection the job waits for the collective's timeout (TIMEOUT_SECONDS).
+    job = started(loopback, 2, env={"STANDIN_HANG": "0:20:1"})
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    cause = record.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("n1", Kind.HUNG), job.logs()
+    assert cause.reason.startswith("its rank 1 hung in compute, 19 steps into its attempt: "), cause.reason
+    assert "while rank(s) 0 wait in a collective" in cause.reason, cause.reason
+    # Named once its step had stalled for the floor (the heartbeat timeout, at the default hang factor), and the next
+    # attempt started within 30 s of its last step.
+    assert T <= cause.detect_s <= T + 4, cause
+    assert record.attempts[1].started_at - cause.at < 30, record.attempts[1]
+    resumed_from_a_checkpoint(job, "n0")
+    # n1's trainer was killed at once (SIGKILL: it cannot leave), n0's left the attempt in place: no stop grace ran out.
+    assert came(record) == {"n0": (Start.IN_PLACE, ""), "n1": (Start.STANDBY, "its trainer hung (attempt 0)")}
+    assert [timeline.killed for timeline in record.attempts[0].nodes.values()] == ["", ""], record.attempts[0]
+    exact(job, "n0", "n1")

@@ -11,7 +11,21 @@ from tests.runtime.test_plan import job, plans
 from trainer.runtime import schema, wire
 from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
-from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, Trouble, read_reply
+from trainer.runtime.messages import (
+    COLLECTIVE,
+    COMPUTE,
+    DATA,
+    EVALUATE,
+    IDLE,
+    RankProgress,
+    RecordReply,
+    Report,
+    Says,
+    Trainer,
+    TrainerState,
+    Trouble,
+    read_reply,
+)
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import Changes, JobRecord, Kind, NodeTimeline, Start, with_changes
 
@@ -40,6 +54,7 @@ class Job:
                        lost_hub=lost_hub)
         self.trainers: dict[str, Trainer] = {}
         self.troubles: dict[str, Trouble] = {}
+        self.ranks: dict[str, tuple[RankProgress, ...]] = {}  # where each member's ranks are, as it reports
 
     @property
     def record(self) -> JobRecord:
@@ -56,7 +71,8 @@ class Job:
             elif not assigned and current.running:
                 current = dataclasses.replace(current, state=TrainerState.EXITED, rc=-15, ended=self.wall)
             self.trainers[node] = current
-            self.hub.heard(node, report(node, current, self.troubles.get(node), port_offer=40000 + attempt), self.now)
+            self.hub.heard(node, report(node, current, self.troubles.get(node), port_offer=40000 + attempt,
+                                        ranks=self.ranks.get(node, ())), self.now)
 
     def exit(self, node: str, rc: int) -> None:
         self.trainers[node] = dataclasses.replace(self.trainers[node], state=TrainerState.EXITED, rc=rc,
@@ -413,3 +429,39 @@ def test_a_stop_that_came_in_time_is_not_a_finish() -> None:
     j.exit("n1", 75)
     j.tick(1, "n0", "n1")
     assert j.record.end is not None and j.record.end.state == "stopped"
+
+
+def stalled(rank: int, phase: str, seconds: float, step: int = 40, step_s: float = 0.5) -> RankProgress:
+    """A rank whose step has not advanced for ``seconds``, in ``phase`` all that time."""
+    return RankProgress(rank=rank, step=step, phase=phase, phase_s=seconds, stalled_s=seconds, step_s=step_s)
+
+
+def test_a_rank_whose_step_stalls_while_the_others_wait_in_a_collective_is_named_hung_and_the_attempt_stops() -> None:
+    j = Job(plan())
+    j.tick(2, "n0", "n1")
+    # n1's rank 1 is stuck in its data for the floor (the heartbeat timeout: more than 10 x its 0.5 s step) less a
+    # second; rank 0 waits for it in the gradient all-reduce.
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", HT - 1),), "n1": (stalled(1, DATA, HT - 1),)}
+    j.tick(1, "n0", "n1")
+    assert j.record.phase == "running" and not j.hub.failures
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", HT + 1),), "n1": (stalled(1, DATA, HT + 1),)}
+    j.tick(1, "n0", "n1")
+    first = j.record.first_failure
+    assert j.record.phase == "stopping" and first is not None and (first.node, first.kind) == ("n1", Kind.HUNG)
+    assert first.reason == ("its rank 1 hung in data, 40 steps into its attempt: no step for 61 s (its usual step: "
+                            "0.50 s), while rank(s) 0 wait in a collective"), first.reason
+    assert first.at == j.wall - (HT + 1)  # its last step: the last sign of its progress
+
+
+def test_a_long_step_phase_is_no_hang_while_no_rank_waits_for_it_nor_an_epochs_end() -> None:
+    j = Job(plan(watch={"hang_factor": 4}))
+    j.tick(2, "n0", "n1")
+    # Every rank evaluates at an epoch's end (no step for minutes), or computes a step 4 x longer than usual (a
+    # slow step the others have not reached the all-reduce of yet), or one is far behind but nobody waits: no hang.
+    for ranks in ({"n0": (stalled(0, EVALUATE, 600),), "n1": (stalled(1, EVALUATE, 600),)},
+                  {"n0": (stalled(0, COLLECTIVE + "gradients", HT + 1, step_s=20),),
+                   "n1": (stalled(1, COMPUTE, HT + 1, step_s=20),)},
+                  {"n0": (stalled(0, COMPUTE, 600),), "n1": (stalled(1, DATA, 600),)}):
+        j.ranks = ranks
+        j.tick(1, "n0", "n1")
+        assert j.record.phase == "running" and not j.hub.failures, ranks

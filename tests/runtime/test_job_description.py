@@ -38,7 +38,8 @@ def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: p
     assert code == 0, err
     plan = json.loads((tmp_path / "out" / "n1.plan.json").read_text())
     assert plan["restarts"] == {"max_restarts": 5, "node_wait": 60.0, "in_place": True}
-    assert plan["watch"] == {"heartbeat_timeout": 20.0, "startup_timeout": 300.0, "stop_grace": 15.0}
+    assert plan["watch"] == {"heartbeat_timeout": 20.0, "startup_timeout": 300.0, "stop_grace": 15.0,
+                             "hang_factor": 10.0}
 
 
 @pytest.mark.parametrize(("described", "said"), [
@@ -53,6 +54,8 @@ def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: p
     ({**DESCRIBED, "restarts": {"max_restarts": 2.5}}, "restarts.max_restarts must be an integer, not 2.5"),
     ({**DESCRIBED, "restarts": {"in_place": "false"}}, "restarts.in_place must be true or false, not 'false'"),
     ({**DESCRIBED, "watch": []}, "watch must be an object, not list"),
+    ({**DESCRIBED, "watch": {"hang_factor": 1.5}}, "watch.hang_factor must be a number of 2 at least (a slower step "
+     "would be taken for a hang), not 1.5"),
     ({**DESCRIBED, "weights_table": "yes"}, "weights_table must be true or false, not 'yes'"),
     ({k: v for k, v in DESCRIBED.items() if k != "port"}, "missing port"),
     (with_node(0, name="../x"), "nodes[0].name '../x': use letters, digits"),

@@ -7,6 +7,7 @@ refused when another user could have written them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -18,13 +19,15 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import channel, procs
+from trainer.runtime import channel, layout, procs, schema
 from trainer.runtime.channel import ChannelError, Notice, ProcessReport, ProcState
-from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV
-from trainer.runtime.messages import TrainerState
+from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV, WHERE_SUFFIX
+from trainer.runtime.hub import new_record
+from trainer.runtime.messages import DATA, TrainerState, Where
 from trainer.runtime.node import Node
+from trainer.runtime.pace import Beat, beat_text
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import Start
+from trainer.runtime.record import Failure, Kind, Phase, Start
 
 WAIT = "import time\nwhile True:\n    time.sleep(0.05)"
 
@@ -118,6 +121,39 @@ def test_a_trainer_that_does_not_leave_its_attempt_in_time_is_killed_and_the_nod
     assert node.trainer.state == TrainerState.EXITED
     assert node.fallback == "its trainer did not leave its attempt within 1 s (attempt 0)"
     assert "the trainer did not leave attempt 0 within 1 s: killing it" in "\n".join(node.said)  # type: ignore
+    # The attempt's record says so: the stop grace is no normal path.
+    timeline = node.timeline()
+    assert timeline is not None and timeline.killed == ("its trainer did not leave its attempt within the 1 s stop "
+                                                        "grace: killed")
+
+
+def test_a_trainer_that_ignores_its_stop_is_killed_after_the_grace_and_its_timeline_says_so(node: Node) -> None:
+    trainer = trainer_process(node.plan, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                         "time.sleep(60)")
+    begun(node, trainer)
+    seen(node, trainer)
+    time.sleep(0.5)  # its handler is in place
+    node.stop("the job is over", signal.SIGTERM)
+    node.poll()
+    assert node.trainer.state == TrainerState.RUNNING and node.timeline().killed == ""  # type: ignore[union-attr]
+    time.sleep(node.plan.watch.stop_grace + 0.2)
+    node.poll()  # killed now
+    assert trainer.wait(10) == -signal.SIGKILL
+    timeline = node.timeline()
+    assert timeline is not None and timeline.killed == "its trainer did not stop within the 1 s stop grace: killed"
+
+
+def test_a_trainer_whose_rank_the_hub_names_hung_is_killed_at_once(node: Node) -> None:
+    trainer = trainer_process(node.plan)  # its main thread is stuck: it reads no notice, acts on no SIGTERM
+    begun(node, trainer)
+    seen(node, trainer)
+    record = new_record(node.plan, time.time())
+    hung = Failure("n0", Kind.HUNG, "its rank 0 hung in data, 3 steps into its attempt", time.time())
+    node.reconcile(dataclasses.replace(record, phase=Phase.STOPPING, first_failure=hung))
+    assert trainer.wait(10) == -signal.SIGKILL  # no stop grace
+    node.poll()
+    assert node.trainer.state == TrainerState.EXITED and node.fallback == "its trainer hung (attempt 0)"
+    assert node.timeline().killed == ""  # type: ignore[union-attr]
 
 
 def test_a_trainer_that_parks_is_parked_and_the_next_attempt_is_handed_to_it(node: Node) -> None:
@@ -149,3 +185,41 @@ def test_channel_files_that_others_may_write_are_refused(tmp_path: Path) -> None
     path.write_text('{"over": "two", "join": null}')
     with pytest.raises(ChannelError, match="over: expected int"):
         channel.read(Notice, path)
+
+
+def test_on_nccl_the_flight_recorder_dumps_into_the_attempts_folder_and_its_timeline_lists_the_dumps(
+        tmp_path: Path) -> None:
+    planned = plans(job([str(tmp_path / "a"), str(tmp_path / "b")]))["n0"]
+    plan = dataclasses.replace(planned, backend="nccl", env={**planned.env, "TORCH_NCCL_TRACE_BUFFER_SIZE": "64"})
+    Path(plan.paths.job_dir).mkdir(parents=True)
+    node = Node(plan, lambda _line: None)
+    env = node._env("3")
+    folder = Path(plan.paths.job_dir) / "flight" / "3"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(folder / "rank_") and folder.is_dir()
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "64"  # the user's
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"  # a failed collective raises: the process can park
+    node._begin(3, 0, Start.PROCESS, None)
+    assert node.timeline().flight == ()  # type: ignore[union-attr]
+    (folder / "rank_1").write_bytes(b"trace")
+    assert node.timeline().flight == (str(folder / "rank_1"),)  # type: ignore[union-attr]
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in Node(planned, lambda _line: None)._env("3")  # gloo: nothing to record
+
+
+def test_the_ranks_progress_goes_to_the_hub_while_they_beat_a_silent_one_is_left_to_the_heartbeat(node: Node) -> None:
+    trainer = trainer_process(node.plan)
+    begun(node, trainer)
+    seen(node, trainer)
+    report(node, trainer.pid, started=time.time())
+    beats = Path(node.job_dir) / layout.HEARTBEAT_DIR
+    beats.mkdir()
+    now = time.monotonic()
+    where = Where(step=7, phase=DATA, since=now - 3, step_at=now - 5, step_s=0.5)
+    (beats / f"{trainer.pid}{WHERE_SUFFIX}").write_text(json.dumps(schema.dump(where)))
+    (beats / str(trainer.pid)).write_text(beat_text(Beat(at=now, effort=None)))
+    node.poll()
+    [rank] = node.ranks()
+    assert (rank.rank, rank.step, rank.phase, rank.step_s) == (0, 7, DATA, 0.5)
+    assert 5 <= rank.stalled_s < 6 and 3 <= rank.phase_s < 4
+    # Its beats stop (SIGSTOP, a hung filesystem): frozen, which its heartbeat's timeout names; not judged hung.
+    (beats / str(trainer.pid)).write_text(beat_text(Beat(at=now - 3 * node.timings.report_every, effort=None)))
+    assert node.ranks() == ()

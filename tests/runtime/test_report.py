@@ -67,7 +67,9 @@ def test_every_attempts_timeline_is_said_phase_after_phase() -> None:
     launch = NodeTimeline(Start.PROCESS, "", wall + 0.1, wall + 4.1, wall + 5.0, wall + 5.2, wall + 6.0)
     record = a_record()
     first, again = record.attempts
-    first = dataclasses.replace(first, nodes={"n0": launch, "n1": dataclasses.replace(launch, first_step=None)})
+    stuck = dataclasses.replace(launch, first_step=None, killed="its trainer did not stop within the 15 s stop grace: "
+                                "killed", flight=("/j/flight/0/rank_1",))
+    first = dataclasses.replace(first, nodes={"n0": launch, "n1": stuck})
     assert again.cause is not None
     cause = dataclasses.replace(again.cause, at=wall + 60, detected_at=wall + 61)
     survivor = NodeTimeline(Start.IN_PLACE, "", wall + 62.0, wall + 62.0, wall + 62.9, wall + 63.2, wall + 63.5)
@@ -78,7 +80,8 @@ def test_every_attempts_timeline_is_said_phase_after_phase() -> None:
     lines = report.timeline_lines(dataclasses.replace(record, attempts=(first, again)).to_json())
     assert lines == [
         "attempt 0 (s): the launch; n0 process: started +0.1, imported +4.0, group +0.9, checkpoint +0.2, first step "
-        "+0.8; n1 process: started +0.1, imported +4.0, group +0.9, checkpoint +0.2, first step ?",
+        "+0.8; n1 process: started +0.1, imported +4.0, group +0.9, checkpoint +0.2, first step ?, its trainer did "
+        "not stop within the 15 s stop grace: killed, flight recorder: /j/flight/0/rank_1",
         "attempt 1 (s): failure, named +1.0, over on every node +0.5, decided +0.4; n0 in place: started +0.1, "
         "imported +0.0, group +0.9, checkpoint +0.3, first step +0.3; n1 standby (its trainer was killed by signal 9 "
         "(SIGKILL) (attempt 0)): started +0.2, imported +0.0, group +0.8, checkpoint +0.3, first step +0.4; training "

@@ -37,6 +37,8 @@ def test_settings_that_break_the_rule_are_refused_naming_it(tmp_path: Path) -> N
         dataclasses.replace(good, lease=10).check()
     with pytest.raises(TimingError, match=r"the old attempt gone .* before a new hub's first attempt"):
         dataclasses.replace(good, takeover_wait=0).check()  # a new hub with no stop grace
+    with pytest.raises(TimingError, match=r"watch: hang_factor 1.5 is below 2"):
+        Timings.derive(10, 5, node_wait=300, hang_factor=1.5)
     plan = plans(job(["/home/a", "/home/b"]))["n0"]
     data = json.loads(plan.to_json())
     data["watch"]["heartbeat_timeout"] = 1

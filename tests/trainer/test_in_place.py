@@ -5,6 +5,9 @@ A process whose attempt ends under it (its peer killed, or its supervisor's word
 interpreter, model and loaders kept; handed the next attempt, it forms the new group and resumes from the checkpoint.
 A killed node's next attempt runs in its standby (imported beforehand). Every run ends with the weights and epoch
 records of one uninterrupted run, bit for bit.
+
+A parked process aborts its groups (trainer.distributed.abort_groups) rather than destroying them: on nccl a graceful
+destroy waits on the dead peer. The same code parks on gloo here and on nccl with two GPUs (skipped without them).
 """
 
 from __future__ import annotations
@@ -21,16 +24,26 @@ from typing import Any
 
 import pytest
 
+from tests.trainer.test_gpu import gpus, needs, visible_env
 from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, finish, uninterrupted, wait_for
 from tests.trainer.test_train import REPO, free_port
 from trainer import inplace
 from trainer.inplace import InPlace
 from trainer.runtime import channel
 from trainer.runtime.channel import Join, Notice, ProcessReport, ProcState, Who
-from trainer.runtime.contract import ATTEMPT_ENV, CHANNEL_ENV, IN_PLACE_ENV, PARENT_ENV, STANDBY_ENV, TRAINER_ENV
+from trainer.runtime.contract import (
+    ATTEMPT_ENV,
+    CHANNEL_ENV,
+    IN_PLACE_ENV,
+    NCCL_ERROR_HANDLING,
+    NCCL_ERROR_HANDLING_ENV,
+    PARENT_ENV,
+    STANDBY_ENV,
+    TRAINER_ENV,
+)
 from trainer.timeline import Timeline
 
-__all__ = ["uninterrupted"]
+__all__ = ["gpus", "uninterrupted"]
 URLS = ("127.0.0.1", "127.0.0.1")
 
 
@@ -201,3 +214,74 @@ def test_a_parked_survivor_is_not_handed_the_attempt_it_left_again(tmp_path: Pat
     deadline = time.monotonic() + 30
     taken = InPlace(str(folder)).next_attempt(1, lambda: time.monotonic() > deadline)
     assert taken.attempt == 2 and os.environ[TRAINER_ENV] == "2"
+
+
+# Two ranks form a group; rank 1 dies after the first all-reduce; rank 0's next collective fails (gloo: at once; nccl:
+# when the restart-in-place watch's abort (another thread, as InPlace.abort_when_over) ends it), rank 0 parks as a
+# parked trainer does (abort_groups) and forms a group again, alone. It prints how long each part took.
+PEER_DIES = """
+import datetime, json, os, sys, threading, time
+import torch, torch.distributed as dist
+from trainer.distributed import abort_groups
+rank, backend, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+if backend == "nccl":
+    torch.cuda.set_device(device)
+dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=300))
+tensor = torch.ones(1, device=device)
+dist.all_reduce(tensor)
+if device.type == "cuda":
+    torch.cuda.synchronize()
+if rank == 1:
+    os._exit(3)
+time.sleep(1)  # rank 1 is gone
+began = time.monotonic()
+if backend == "nccl":
+    threading.Timer(2.0, abort_groups).start()
+try:
+    dist.all_reduce(tensor)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    failed = ""
+except Exception as exc:
+    failed = type(exc).__name__
+lost_s = time.monotonic() - began
+began = time.monotonic()
+abort_groups()
+parked_s = time.monotonic() - began
+dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port + 1}", rank=0, world_size=1)
+dist.all_reduce(tensor)
+if device.type == "cuda":
+    torch.cuda.synchronize()
+print(json.dumps({"failed": failed, "lost_s": lost_s, "parked_s": parked_s, "initialized": dist.is_initialized()}))
+os._exit(0)
+"""
+
+
+def peer_dies(backend: str, env: dict[str, str]) -> dict[str, Any]:
+    """PEER_DIES on two processes: what rank 0 printed."""
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-c", PEER_DIES, str(rank), backend, str(port)], cwd=REPO,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **env}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) for rank in (0, 1)]
+    try:
+        (out, err), _ = ranks[0].communicate(timeout=120), ranks[1].communicate(timeout=120)
+    finally:
+        kill(ranks)
+    assert ranks[0].returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_survivor_parks_by_aborting_its_group_at_once_on_gloo() -> None:
+    figures = peer_dies("gloo", {})
+    assert figures["failed"] and figures["lost_s"] < 10, figures  # the dead peer's connection closed
+    assert figures["parked_s"] < 2 and figures["initialized"], figures
+
+
+def test_a_survivor_parks_by_aborting_its_group_at_once_on_nccl(gpus: list[str]) -> None:
+    """The same parking on nccl, where a graceful destroy waits on the dead peer: the survivor's collective ends at
+    the abort, and it forms its next group seconds later, not after the stop grace or TIMEOUT_SECONDS."""
+    figures = peer_dies("nccl", {**visible_env(needs(gpus, 2)), NCCL_ERROR_HANDLING_ENV: NCCL_ERROR_HANDLING})
+    assert figures["lost_s"] < 30, figures  # the collective ended (it may end without raising once aborted)
+    assert figures["parked_s"] < 10 and figures["initialized"], figures

@@ -24,6 +24,7 @@ JOB_DIR_ENV = "VIDCLUSTER_JOB_DIR"  # every process of a job: its folder on the 
 TRAINER_ENV = "VIDCLUSTER_TRAINER"  # a job's training processes: the attempt they belong to
 HEARTBEAT_DIR_ENV = "VIDCLUSTER_HEARTBEAT_DIR"  # where each training process writes its heartbeat (trainer.heartbeat)
 HEARTBEAT_INTERVAL_ENV = "VIDCLUSTER_HEARTBEAT_INTERVAL"  # seconds between two beats
+WHERE_SUFFIX = ".where"  # <pid>.where beside <pid>, the beat: where the process is (trainer.runtime.messages.Where)
 ATTEMPT_ENV = "VIDCLUSTER_ATTEMPT"  # a restarted attempt: what failed before it (ATTEMPT_FIELDS, JSON)
 # field -> the JSON types it may have; the supervisor writes exactly these, the trainer checks them
 ATTEMPT_FIELDS: Mapping[str, tuple[type, ...]] = {
@@ -44,6 +45,14 @@ STANDBY_ENV = "VIDCLUSTER_STANDBY"
 # trainer): a process waiting for an attempt gives up once its parent is another. Passed down rather than read with
 # getppid() when the wait begins, which is after the imports: a parent that died during them would go unnoticed.
 PARENT_ENV = "VIDCLUSTER_PARENT"
+
+# On nccl: the folder of PyTorch's flight recorder dumps, one folder per attempt (``nccl_env``).
+FLIGHT_ENV = "VIDCLUSTER_FLIGHT"
+FLIGHT_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # torch 2.14's name (TORCH_NCCL_DEBUG_INFO_TEMP_FILE before it)
+FLIGHT_ENTRIES = 2000  # collectives each process keeps in its flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE)
+# torch 2.14's watchdog on a failed nccl collective: 2 (CleanUpOnly) aborts the communicator and the collective
+# raises; its default, 3, ends the process, which could then not park (restart in place).
+NCCL_ERROR_HANDLING_ENV, NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"
 
 # -- weights: a site's cache, mirror and table (trainer.weights.zoo; the launcher ships the table) -----------------
 WEIGHTS_CACHE_ENV = "VIDCLUSTER_WEIGHTS_CACHE"
@@ -77,6 +86,25 @@ def run_files(log_filename: str) -> list[str]:
 def run_name(when: float | None = None) -> str:
     """The run directory's name for EXP_NAME use_time, started at ``when`` (now)."""
     return time.strftime(RUN_NAME_TIME, time.localtime(when))
+
+
+def flight_dump(folder: str, attempt: int | str) -> str:
+    """Where the processes of ``attempt`` dump their flight recorder: ``<folder>/<attempt>/rank_<rank>`` (torch
+    appends the rank)."""
+    return os.path.join(folder, str(attempt), "rank_")
+
+
+def nccl_env(folder: str, attempt: int | str, in_place: bool) -> dict[str, str]:
+    """An nccl trainer's environment: its flight recorder on, dumped on a collective's timeout or error into
+    ``folder`` (its attempt's subfolder: the node keeps the dumps with the attempt's record); with restart in place,
+    a failed collective aborts its communicator and raises (NCCL_ERROR_HANDLING) instead of ending the process, so
+    that the process can park."""
+    env = {FLIGHT_ENV: folder, FLIGHT_DUMP_ENV: flight_dump(folder, attempt),
+           "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+           "TORCH_NCCL_ENABLE_MONITORING": "1"}  # torch dumps on a timeout only with its monitor on
+    if in_place:
+        env[NCCL_ERROR_HANDLING_ENV] = NCCL_ERROR_HANDLING
+    return env
 
 
 def thread_budget(workers: int, cpus: int | None = None) -> int:

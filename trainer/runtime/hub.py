@@ -7,7 +7,9 @@ passing of time (``tick``), and sends ``record`` back to every member, which sta
 
 Phases of an attempt:
     running   every assigned member runs its trainer. All exit 0: the job finished. A failure (a trainer's bad exit,
-              a frozen trainer, a member silent for the heartbeat timeout): the hub names the first failure
+              a frozen trainer, a hung rank (its step stopped while the others wait for it in a collective:
+              trainer.runtime.verdict.hung, from the ranks' progress in the members' reports), a member silent
+              for the heartbeat timeout): the hub names the first failure
               (trainer.runtime.verdict) and stops the attempt, at once when it is a kill, a freeze, a loss, a bad
               input or a stop, else after a short settling time (its cause may still arrive);
     stopping  every assigned member stops its trainer; one that does not confirm within the grace time is lost (a
@@ -54,7 +56,7 @@ from trainer.runtime.record import (
     Spent,
 )
 from trainer.runtime.schema import JsonObject
-from trainer.runtime.verdict import exit_failure, first_failure, no_consequence, words
+from trainer.runtime.verdict import exit_failure, first_failure, hung, no_consequence, words
 
 Log = Callable[[str], None]
 
@@ -270,6 +272,8 @@ class Hub:
                 self._fail(Failure(node, Kind.PARKED, "its trainer lost its peers and waits in place for the next "
                                    "attempt", trainer.ended or wall))
         if not self.failures:
+            self._check_hung(wall)
+        if not self.failures:
             return
         if self.first_seen is None:
             self.first_seen = now
@@ -283,6 +287,19 @@ class Hub:
             self._change(phase=Phase.STOPPING, first_failure=first, detected_at=wall,
                          failed_step=_step(self.progress))
             self.phase_since, self.stopped_at = now, None
+
+    def _check_hung(self, wall: float) -> None:
+        """Name a rank whose step stopped while the others wait for it (its node then kills its trainer)."""
+        attempt = self.record.attempt
+        ranks = []
+        for node in self.record.assignment:
+            view = self.members[node]
+            trainer = view.trainer(attempt)
+            if trainer is not None and trainer.running and view.report is not None:
+                ranks.extend((node, rank) for rank in view.report.ranks)
+        failure = hung(ranks, self.timings, wall)
+        if failure is not None:
+            self._fail(failure)
 
     # -- stragglers --------------------------------------------------------------------------------------------------
 

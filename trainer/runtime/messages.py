@@ -68,6 +68,41 @@ class Trainer:
 IDLE = Trainer(attempt=None, state=TrainerState.IDLE, rank=None, pid=None, rc=None, started=None, ended=None)
 
 
+# Where a training process is in its step (``Where.phase``): a collective's phase is COLLECTIVE and its name.
+DATA, COMPUTE, CHECKPOINT, EVALUATE, STARTING = "data", "compute", "checkpoint", "evaluate", "starting"
+COLLECTIVE = "collective:"
+UNJUDGED = (STARTING, EVALUATE)  # no step is due in them: a rank there is never hung (trainer.runtime.verdict.hung)
+
+
+@dataclass(frozen=True)
+class Where:
+    """A training process's progress in its attempt, written by its heartbeat thread beside each beat
+    (trainer.heartbeat): monotonic times of its node."""
+
+    step: int  # optimizer steps it took in its attempt
+    phase: str  # DATA, COMPUTE, COLLECTIVE + a name, CHECKPOINT, EVALUATE (an epoch's end), STARTING
+    since: float  # it entered the phase
+    step_at: float  # its last step (its attempt's start before the first)
+    step_s: float | None  # its usual step time (None before its second step)
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """A rank's progress as its member reports it to the hub: seconds before the report."""
+
+    rank: int
+    step: int
+    phase: str
+    phase_s: float  # in its phase
+    stalled_s: float  # since its step last advanced
+    step_s: float | None
+
+    @property
+    def waiting(self) -> bool:
+        """It waits in a collective (for the other ranks)."""
+        return self.phase.startswith(COLLECTIVE)
+
+
 @dataclass(frozen=True)
 class Trouble:
     """What a node saw go wrong with its trainer in an attempt (frozen, preempted, stopped by a user)."""
@@ -95,6 +130,7 @@ class Report:
     # took over learns the job from it
     pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.pace)
     timeline: NodeTimeline | None  # its trainer's timeline in its attempt (the trainer's attempt)
+    ranks: tuple[RankProgress, ...] = ()  # its trainer's ranks' progress in its attempt (the hub finds a hung one)
 
     def __post_init__(self) -> None:
         if self.says not in (Says.JOIN, Says.REPORT):

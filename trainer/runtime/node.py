@@ -12,12 +12,17 @@ keeping its interpreter, model and data loaders, and the next attempt is handed 
 trainer is gone starts the next attempt in its standby: a trainer process started ahead of need (once the trainer has
 taken its first step, so as not to slow its start), which has done its imports and waits to be handed an attempt.
 Without either, a new process. A trainer that does not park within the plan's stop grace after it was told to leave
-is killed, and the next attempt starts without it (the timeline's ``fallback`` says why).
+is killed, and the next attempt starts without it (the timeline's ``fallback`` says why, and the attempt's ``killed``).
+
+A trainer whose rank the hub names hung (trainer.runtime.verdict.hung: from the ranks' progress, ``ranks``, which each
+process's heartbeat carries) gets SIGKILL at once, as a frozen one: its main thread is stuck, so it can neither park
+nor stop. On nccl each trainer keeps PyTorch's flight recorder, which dumps into the attempt's folder of the job's
+``flight/`` on a collective's timeout or error (contract.nccl_env); the attempt's timeline lists the dumps.
 
 Stopping: a trainer that is stopped because the job no longer wants it gets SIGTERM; one stopped for a user, a
 preemption or a straggler's swap (trainer.runtime.straggler) gets SIGUSR1 (the trainer then checkpoints at a step
-every rank agrees on and exits with status 75); a frozen one gets SIGKILL. Whatever is left after the plan's stop
-grace gets SIGKILL.
+every rank agrees on and exits with status 75); a frozen or hung one gets SIGKILL. Whatever is left after the plan's
+stop grace gets SIGKILL, and the attempt's timeline says so (``killed``): never the normal path.
 """
 
 from __future__ import annotations
@@ -47,18 +52,22 @@ from trainer.runtime.contract import (
     PARENT_ENV,
     STANDBY_ENV,
     TRAINER_ENV,
+    WHERE_SUFFIX,
+    flight_dump,
+    nccl_env,
     thread_budget,
 )
-from trainer.runtime.messages import IDLE, Trainer, TrainerState, Trouble
+from trainer.runtime.messages import IDLE, RankProgress, Trainer, TrainerState, Trouble, Where
 from trainer.runtime.nodestate import read_json
 from trainer.runtime.pace import Beat, Pace, node_effort, read_beat
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import JobRecord, Kind, NodeTimeline, Phase, Start
-from trainer.runtime.schema import JsonObject
+from trainer.runtime.schema import JsonObject, SchemaError, parse
 from trainer.runtime.verdict import exit_failure
 
 PROGRESS_LIMIT = 16 * 1024  # bytes of rank 0's status.json a report carries whole (the watch's lines are bounded)
 PROGRESS_KEYS = ("state", "epoch", "epochs", "step", "steps_per_epoch", "metrics", "clips_per_s", "eta_s")
+FLIGHT_DIR = "flight"  # in the job's folder, on nccl: the flight recorder's dumps, a folder per attempt
 
 
 def free_port(ip: str) -> int:
@@ -107,6 +116,9 @@ class Node:
         self.start_how = Start.PROCESS  # how the trainer came to its current attempt
         self.start_fallback = ""  # why not in place, when a trainer ran the attempt before here
         self.fallback = ""  # why the current trainer will not go on in place (said at the next start)
+        self.killed = ""  # why the current attempt's trainer had to be killed after the stop grace
+        self.graceful = False  # the current stop gives the trainer the stop grace (not SIGKILL at once)
+        self.flight = str(Path(self.job_dir) / FLIGHT_DIR) if plan.backend == "nccl" else None
         self.job_over = False  # the record says the job has ended
         self.reports: list[ProcessReport] = []  # the trainer's processes about themselves, as of the last poll
         self.reached: dict[str, float] = {}  # phase -> when every process of the current attempt had reached it
@@ -125,6 +137,11 @@ class Node:
 
     def reconcile(self, record: JobRecord) -> None:
         attempt, rank = record.attempt, record.rank_of(self.plan.node)
+        hung = record.first_failure
+        if (hung is not None and hung.kind == Kind.HUNG and hung.node == self.plan.node and self.running
+                and self.trainer.attempt == attempt):
+            self._fell_back("its trainer hung")
+            self.stop(hung.reason, signal.SIGKILL)  # its main thread is stuck: it can neither park nor stop
         wanted = record.end is None and record.phase == Phase.RUNNING and rank is not None and not self.stop_asked
         self.job_over = record.end is not None
         state = self.trainer.state
@@ -152,6 +169,10 @@ class Node:
                CHANNEL_ENV: self.channel, PARENT_ENV: str(os.getpid())}
         if self.in_place:
             env[IN_PLACE_ENV] = "1"
+        if self.flight is not None:
+            given = {k: v for k, v in env.items() if k.startswith("TORCH_")}  # a user's setting wins
+            env.update({**nccl_env(self.flight, attempt, self.in_place), **given})
+            Path(flight_dump(self.flight, attempt)).parent.mkdir(parents=True, exist_ok=True)
         if int(env.get("OMP_NUM_THREADS", "0") or 0) <= 0:
             env["OMP_NUM_THREADS"] = str(thread_budget(self.plan.workers))
         return env
@@ -167,7 +188,7 @@ class Node:
     def _begin(self, attempt: int, rank: int, how: Start, pid: int | None) -> None:
         self.started_attempts.add(attempt)
         self.trouble, self.stop_deadline, self.leave_deadline = None, None, None
-        self.start_how, self.start_fallback, self.fallback = how, self.fallback, ""
+        self.start_how, self.start_fallback, self.fallback, self.killed = how, self.fallback, "", ""
         self.reached = {}
         self.trainer = Trainer(attempt=attempt, state=TrainerState.RUNNING, rank=rank, pid=pid, rc=None,
                                started=time.time(), ended=None)
@@ -240,7 +261,7 @@ class Node:
             return
         self.say(f"stopping the trainer: {reason}")
         grace = 0.0 if sig == signal.SIGKILL else self.plan.watch.stop_grace
-        self.stop_deadline = time.monotonic() + grace
+        self.stop_deadline, self.graceful = time.monotonic() + grace, grace > 0
         self.leave_deadline = None
         procs.signal_all(self._trainer_processes(), sig)
 
@@ -282,6 +303,8 @@ class Node:
         self._note_phases()
         if self.stop_deadline is not None:
             if time.monotonic() >= self.stop_deadline:
+                if self.graceful:
+                    self._killed_after_grace("stop")
                 self._kill_trainer()
             return
         if self.running and self._parked():
@@ -293,6 +316,7 @@ class Node:
             grace = self.plan.watch.stop_grace
             self.say(f"the trainer did not leave attempt {self.trainer.attempt} within {grace:.0f} s: killing it")
             self._fell_back(f"its trainer did not leave its attempt within {grace:.0f} s")
+            self._killed_after_grace("leave its attempt")
             self.leave_deadline = None
             self.stop_deadline = time.monotonic()
             self._kill_trainer()
@@ -306,6 +330,13 @@ class Node:
             self.say(reason)
             self._fell_back("its trainer froze")
             self.stop(reason, signal.SIGKILL)  # a frozen process cannot exit cleanly
+
+    def _killed_after_grace(self, what: str) -> None:
+        """The trainer is killed because it did not ``what`` within the stop grace: on record (``killed``)."""
+        if not self.killed:
+            self.killed = f"its trainer did not {what} within the {self.plan.watch.stop_grace:g} s stop grace: killed"
+            self.say(self.killed)
+        self.graceful = False
 
     def _note_phases(self) -> None:
         """The phases every process of the attempt has reached (kept once reached: a process that ends takes its
@@ -333,6 +364,27 @@ class Node:
             if age > self.timings.loss and Path(f"/proc/{pid}").exists():
                 return pid, age
         return None
+
+    def ranks(self) -> tuple[RankProgress, ...]:
+        """Where each rank of the running attempt is (its heartbeat's ``Where``), in seconds before now; a rank whose
+        beats stopped coming is left out (it is frozen, not hung: this node names it when its heartbeat times out)."""
+        if not self.running:
+            return ()
+        folder, now = Path(self.job_dir) / layout.HEARTBEAT_DIR, time.monotonic()
+        ranks = []
+        for report in self._mine():
+            beat = read_beat(folder / str(report.pid))
+            if beat is None or now - beat.at > 2 * self.timings.report_every:
+                continue
+            try:
+                where = parse(Where, json.loads((folder / f"{report.pid}{WHERE_SUFFIX}").read_text()), "where")
+            except (OSError, ValueError, SchemaError):  # not written yet, or being written
+                continue
+            assert report.rank is not None
+            ranks.append(RankProgress(rank=report.rank, step=where.step, phase=where.phase,
+                                      phase_s=round(now - where.since, 2), stalled_s=round(now - where.step_at, 2),
+                                      step_s=where.step_s))
+        return tuple(ranks)
 
     def _beats(self) -> list[tuple[int, Beat]]:
         """(pid, heartbeat) of every training process that beats here (trainer.runtime.pace.Beat)."""
@@ -374,7 +426,14 @@ class Node:
         reached = self.reached.get
         return NodeTimeline(start=self.start_how, fallback=self.start_fallback, started=self.trainer.started,
                             imported=reached("imported"), group=reached("group"), checkpoint=reached("checkpoint"),
-                            first_step=reached("first_step"))
+                            first_step=reached("first_step"), killed=self.killed, flight=self._flight_dumps())
+
+    def _flight_dumps(self) -> tuple[str, ...]:
+        """The flight recorder's dumps of the current attempt here (nccl), kept with its record."""
+        if self.flight is None or self.trainer.attempt is None:
+            return ()
+        folder = Path(flight_dump(self.flight, self.trainer.attempt)).parent
+        return tuple(sorted(str(path) for path in folder.glob("*"))) if folder.is_dir() else ()
 
     def progress(self) -> JsonObject | None:
         """The run's progress as this node's trainer last wrote it (status.json; what the follow shows), cut to the

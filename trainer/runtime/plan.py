@@ -68,6 +68,7 @@ class Watch:
     heartbeat_timeout: float  # no news for this long: a trainer froze or a node is lost
     startup_timeout: float  # a member that has not joined the watch this long after the start is lost
     stop_grace: float  # SIGTERM (and the trainer's checkpoint at a common step) to SIGKILL
+    hang_factor: float  # a rank whose step stalls this many times its usual step time is hung (vidcluster_hang_factor)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ class NodePlan:
 
     @property
     def timings(self) -> Timings:
-        return Timings.derive(self.watch.heartbeat_timeout, self.watch.stop_grace, self.restarts.node_wait)
+        return Timings.derive(self.watch.heartbeat_timeout, self.watch.stop_grace, self.restarts.node_wait,
+                              self.watch.hang_factor)
 
     @property
     def me(self) -> Member:

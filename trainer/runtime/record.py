@@ -56,6 +56,7 @@ class Kind(StrEnum):
     PREEMPTED = "preempted"
     KILLED = "killed"
     FROZEN = "frozen"
+    HUNG = "hung"
     LOST = "lost"
     EXITED = "exited"
     SLOW = "slow"  # named a straggler and swapped for a spare (trainer.runtime.straggler): not a failure of its own
@@ -109,6 +110,8 @@ class NodeTimeline:
     group: float | None
     checkpoint: float | None
     first_step: float | None
+    killed: str = ""  # why its trainer had to be killed after the stop grace ("" when it stopped or parked in time)
+    flight: tuple[str, ...] = ()  # the flight recorder's dumps of the attempt on the node (nccl)
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ class Supervisor:
                       version=self.record.version, trainer=self.node.trainer, trouble=self.node.trouble,
                       progress=self.node.progress() if rank0 else None, port_offer=self.node.port_offer(),
                       record=joined_with(says, self.record), pace=self.node.pace(),
-                      timeline=self.node.timeline())
+                      timeline=self.node.timeline(), ranks=self.node.ranks())
 
     def adopt(self, reply: RecordReply) -> bool:
         """The hub's answer: its record (newer ones only), or the changes to this one, and the run's progress.

@@ -15,12 +15,18 @@ attempt only while it hears a majority; after a cut that leaves the hub without 
 
 So lease < loss (the old hub gives up first), and takeover_wait is the stop grace and what the old hub's side needs
 beyond ``loss`` to pass its stop on: ``check`` asserts both orderings, whatever changes the formulas here.
+
+A rank is hung (trainer.runtime.verdict.hung) when its step has not advanced for ``hang_factor`` times its usual step
+time, and no less than ``hang_floor`` (the heartbeat timeout: a hung rank is named no sooner than a silent one would
+be frozen), while the other ranks wait in a collective.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_HANG_FACTOR = 10.0  # the plan's watch.hang_factor when the job description has none (vidcluster_hang_factor)
+MIN_HANG_FACTOR = 2.0  # below this, an uneven step would be taken for a hang
 TICK = 0.5  # a supervisor's tick: it polls its trainer and acts on the record this often
 # A member whose trainer has stopped (exited or parked) asks the hub what comes next this often at least: the next
 # attempt reaches it within this much of the hub's decision.
@@ -49,9 +55,12 @@ class Timings:
     retry: float  # a member retries a broken link to the hub after this
     search_pause: float  # between two tries of the search for a new hub
     search_give_up: float  # the search for a new hub gives up after this
+    hang_factor: float  # a rank whose step stalls this many times its usual step time is hung...
+    hang_floor: float  # ...once it has stalled this long at least
 
     @classmethod
-    def derive(cls, heartbeat_timeout: float, stop_grace: float, node_wait: float) -> Timings:
+    def derive(cls, heartbeat_timeout: float, stop_grace: float, node_wait: float,
+               hang_factor: float = DEFAULT_HANG_FACTOR) -> Timings:
         t = heartbeat_timeout
         beat, lease, loss = max(TICK, t / 6), t / 2, t
         timings = cls(
@@ -59,7 +68,8 @@ class Timings:
             lease=lease, loss=loss, settle=min(3.0, t / 6), confirm_stop=stop_grace + min(30.0, t),
             takeover_wait=stop_grace + max(0.0, lease + 2 * beat + 2 * TICK - loss) + TICK, takeover_join=t,
             dial=min(5.0, t), reply_wait=min(2 * beat + 5, loss), next_report=t, retry=min(2.0, beat),
-            search_pause=min(3.0, t / 4), search_give_up=max(node_wait, 3 * t),
+            search_pause=min(3.0, t / 4), search_give_up=max(node_wait, 3 * t), hang_factor=hang_factor,
+            hang_floor=loss,
         )
         timings.check()
         return timings
@@ -74,6 +84,9 @@ class Timings:
                                    f"attempt ({new_start:g} s)"),
             (self.report_every < self.lease, f"reports ({self.report_every:g} s) within the lease ({self.lease:g} s)"),
         )
+        if not self.hang_factor >= MIN_HANG_FACTOR:
+            raise TimingError(f"watch: hang_factor {self.hang_factor:g} is below {MIN_HANG_FACTOR:g} (a slow step "
+                              "would be taken for a hung rank)")
         broken = [words for holds, words in rules if not holds]
         if broken:
             raise TimingError(f"heartbeat_timeout {self.heartbeat_timeout:g} s with stop_grace {self.stop_grace:g} s "

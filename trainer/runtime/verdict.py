@@ -9,6 +9,8 @@ the failed part's last sign of life (the exit its supervisor saw, its last heart
     preempted  the node was told to make way (SIGTERM/SIGUSR1 to its supervisor); the trainer checkpointed (75)
     killed     the trainer was killed by a signal, or ended without an exit status
     frozen     a training process stopped beating (SIGSTOP, a hung filesystem, a wedged driver)
+    hung       a rank beats but its step stopped while the other ranks wait for it in a collective (``hung``: a
+               rank stuck in NCCL, in its data, in a checkpoint): the hub names it, its node kills it
     lost       the node stopped answering the hub, never joined, or did not confirm its trainer stopped
     exited     the trainer exited with another status (a crash, or the loss of its peers)
     slow       the hub named the node a straggler and stops the attempt to swap it for a spare
@@ -28,10 +30,12 @@ import signal
 from collections.abc import Iterable
 
 from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
+from trainer.runtime.messages import UNJUDGED, RankProgress
 from trainer.runtime.record import Failure, Kind
+from trainer.runtime.timing import Timings
 
 # Kinds by tier: a failure of an earlier tier explains the later ones; within a tier, the earlier failure does.
-TIERS = ((Kind.REJECTED, Kind.STOPPED), (Kind.KILLED, Kind.FROZEN, Kind.LOST), (Kind.PREEMPTED,),
+TIERS = ((Kind.REJECTED, Kind.STOPPED), (Kind.KILLED, Kind.FROZEN, Kind.HUNG, Kind.LOST), (Kind.PREEMPTED,),
          (Kind.EXITED, Kind.PARKED), (Kind.SLOW,))
 
 
@@ -70,3 +74,25 @@ def no_consequence(failure: Failure) -> bool:
 def words(first: Failure) -> str:
     """'node1 failed first: its trainer was killed by signal 9 (SIGKILL)'."""
     return f"{first.node} failed first: {first.reason}"
+
+
+def hung(ranks: Iterable[tuple[str, RankProgress]], timings: Timings, wall: float) -> Failure | None:
+    """The hung rank of an attempt (node, its rank's progress), or None: a rank whose step has not advanced for
+    ``hang_factor`` times its usual step time (``hang_floor`` at least) while another rank waits in a collective.
+    Of several, the one the others wait for: the furthest behind, then one not itself waiting in a collective, then
+    the one that entered its phase last. A rank before its second step, or at its attempt's start or an epoch's end
+    (evaluating, as long as the validation set takes: UNJUDGED) is not judged."""
+    each = list(ranks)
+    stalled = [(node, r) for node, r in each if r.step_s is not None and r.phase not in UNJUDGED
+               and r.stalled_s > max(timings.hang_floor, timings.hang_factor * r.step_s)]
+    if not stalled:
+        return None
+    node, rank = min(stalled, key=lambda item: (item[1].step, item[1].waiting, item[1].phase_s))
+    waiting = sorted(r.rank for _, r in each if r.waiting and r.rank != rank.rank)
+    if not waiting:
+        return None
+    assert rank.step_s is not None
+    reason = (f"its rank {rank.rank} hung in {rank.phase}, {rank.step} steps into its attempt: no step for "
+              f"{rank.stalled_s:.0f} s (its usual step: {rank.step_s:.2f} s), while rank(s) "
+              f"{', '.join(map(str, waiting))} wait in a collective")
+    return Failure(node, Kind.HUNG, reason, wall - rank.stalled_s)
