@@ -1,5 +1,7 @@
-"""What only a GPU can show: nccl training with one process per GPU, AMP (bf16, fp16 with the gradient scaler),
-SyncBatchNorm, crops made on the GPU, torchcodec decoding on the GPU, channels_last and torch.compile on CUDA.
+"""What only a GPU can show: the node's environment report and the readiness check's bf16 matmul on its GPUs, nccl
+training with one process per GPU, AMP (bf16, fp16 with the gradient scaler: the engine's forward in that dtype),
+SyncBatchNorm (the trainer's model made of it), crops made on the GPU, torchcodec decoding on the GPU, channels_last
+and torch.compile on CUDA, and a restart in place over nccl on two GPUs.
 
 Each test runs in processes of its own that see the GPUs (the test processes do not: tests/conftest.py), and skips
 saying why where there is no GPU, or where one thing it needs is missing (a second GPU, a torchcodec built with
@@ -22,8 +24,11 @@ import yaml
 from tests.conftest import ALL_GPUS, GPUS_ENV
 from tests.trainer._gpu_checks import EXIT_SKIP
 from tests.trainer.prepared_videos import KINETICS_LIKE, prepared_videos
+from tests.trainer.test_in_place import Node, join, kill
+from tests.trainer.test_resume import finish, wait_for
 from tests.trainer.test_sync_bn import train_with_one_empty_batch
-from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
+from tests.trainer.test_train import REPO, free_port, metrics, run_trainer, write_config
+from trainer.runtime.channel import ProcState, Who
 
 CHECK_TIMEOUT_S = 300
 
@@ -65,6 +70,74 @@ def needs(gpus: list[str], count: int) -> list[str]:
     if len(gpus) < count:
         pytest.skip(f"needs {count} GPUs, {len(gpus)} visible")
     return gpus[:count]
+
+
+def run_json(devices: list[str], *argv: str) -> dict[str, Any]:
+    """A Python program that prints one JSON object, run with these GPUs visible: its object."""
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env={**os.environ, **visible_env(devices)},
+                          capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, f"{argv}: exit status {proc.returncode}\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_nodes_environment_report(gpus: list[str], record_property: pytest.RecordProperty) -> None:
+    """roles/python_env's report (what setup compares across the nodes) here: torch with CUDA, cuDNN and NCCL, and
+    its small CUDA operation right on every GPU."""
+    report = run_json(gpus, str(REPO / "roles" / "python_env" / "files" / "env_report.py"))
+    assert "n/a" not in (report["cuda"], report["cudnn"], report["nccl"]), report
+    assert len(report["gpu_checks"]) == len(gpus) and {gpu["op"] for gpu in report["gpu_checks"]} == {"ok"}, report
+    record_property("figures", json.dumps({key: report[key] for key in ("torch", "cuda", "nccl", "driver",
+                                                                        "torch_gpus", "torchcodec")}))
+
+
+def test_the_readiness_checks_bf16_matmul(gpus: list[str], record_property: pytest.RecordProperty) -> None:
+    """roles/cluster_check's matmul (bf16 8192x8192 on every GPU, the slowest the node's figure) runs here."""
+    found = run_json(gpus, "-c", "import json, sys; sys.path.insert(0, 'roles/cluster_check/files'); "
+                                 "import node_check; print(json.dumps(node_check.matmul(2.0)))")
+    assert found["unit"] == "TFLOP/s" and found["value"] > 0, found
+    assert found["detail"].startswith(f"slowest of {len(gpus)} GPU(s), bf16 8192x8192"), found
+    record_property("figures", json.dumps({"tflops": round(found["value"], 1), "detail": found["detail"]}))
+
+
+class NcclNode(Node):
+    """test_in_place's node with one GPU of its own and nccl."""
+
+    def __init__(self, data: dict[str, Any], tmp: Path, rank: int, device: str) -> None:
+        super().__init__(data, tmp, rank)
+        self.device = device
+
+    def popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        return super().popen([*argv, "DDP_CONFIG.DIST_BACKEND", "nccl"], {**env, **visible_env([self.device])})
+
+
+def test_restart_in_place_over_nccl(gpus: list[str], synthetic_dataset: dict[str, Any], tmp_path: Path) -> None:
+    """test_in_place's two nodes, one GPU each over nccl: told their attempt is over, both park (their communicators
+    torn down with the GPU work in flight) and go on in place with their ranks swapped to the end of training."""
+    devices = needs(gpus, 2)
+    nodes = [NcclNode(synthetic_dataset, tmp_path, rank, devices[rank]) for rank in (0, 1)]
+    port = free_port()
+    for rank, node in enumerate(nodes):
+        node.start(rank, port)
+    procs = [node.proc for node in nodes if node.proc is not None]
+    try:
+        wait_for(lambda: any((nodes[1].run / "checkpoints").glob("epoch_0001_step_*.pth")), procs,
+                 "a mid-epoch checkpoint of epoch 2 on node 1")
+        for node in nodes:
+            node.tell(0)
+        for node, proc in zip(nodes, procs, strict=True):
+            wait_for(lambda node=node, proc=proc: node.in_state(proc.pid, ProcState.PARKED), procs,
+                     f"{node.name} parked")
+        port = free_port()
+        for rank, node in zip((1, 0), nodes, strict=True):
+            node.tell(0, join(rank, port, Who.SURVIVORS))
+        codes = [finish(proc) for proc in procs]
+    finally:
+        kill(procs)
+    assert [code for code, _, _ in codes] == [0, 0], [err[-3000:] for _, _, err in codes]
+    assert any("backend nccl" in (node.run / "log.txt").read_text() for node in nodes)
+    assert f"joining attempt 1 in place as node rank 0, rendezvous tcp://127.0.0.1:{port}" in codes[1][1] + codes[1][2]
+    assert json.loads((nodes[1].run / "weights_digest.json").read_text())["identical"]
+    assert json.loads((nodes[1].run / "status.json").read_text())["state"] == "finished"
 
 
 @pytest.mark.parametrize("processes", [1, 2], ids=["1 GPU", "2 GPUs"])
