@@ -121,8 +121,9 @@ def test_ranks_are_laid_out_one_per_gpu_with_nccl_and_as_configured_with_gloo() 
 def test_nccls_log_says_which_transport_carries_each_link() -> None:
     found = check.transports(SOCKET_LOG.splitlines())
     assert found == {"network": "Socket", "transports": {
-        "P2P": {"line": "Channel 00/0 : 2[0] -> 3[1] via P2P/CUMEM/read", "pairs": [[2, 3]]},
-        "NET/Socket": {"line": "Channel 00/0 : 3[1] -> 4[0] [send] via NET/Socket/0", "pairs": [[3, 4], [1, 2]]}}}
+        "P2P": [{"from": 2, "to": 3, "line": "Channel 00/0 : 2[0] -> 3[1] via P2P/CUMEM/read"}],
+        "NET/Socket": [{"from": 3, "to": 4, "line": "Channel 00/0 : 3[1] -> 4[0] [send] via NET/Socket/0"},
+                       {"from": 1, "to": 2, "line": "Channel 00/0 : 1[1] -> 2[0] [receive] via NET/Socket/0"}]}}
     fabric = check.transports([
         "n:1:2 [0] NCCL INFO Using network IB",
         "n:1:2 [1] NCCL INFO Channel 01/0 : 1[1] -> 2[0] [send] via NET/IB/0/GDRDMA",
@@ -130,8 +131,8 @@ def test_nccls_log_says_which_transport_carries_each_link() -> None:
         "n:1:2 [0] NCCL INFO Channel 02/1 : 0[0] -> 1[1] via SHM/direct/direct",
         "n:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/AWS Libfabric/0/GDRDMA"])
     assert fabric["network"] == "IB"
-    assert {kind: entry["pairs"] for kind, entry in fabric["transports"].items()} == {
-        "NET/IB": [[1, 2]], "P2P": [[0, 1]], "SHM": [[0, 1]], "NET/AWS Libfabric": [[0, 8]]}
+    assert {kind: [(link["from"], link["to"]) for link in links] for kind, links in fabric["transports"].items()} == {
+        "NET/IB": [(1, 2)], "P2P": [(0, 1)], "SHM": [(0, 1)], "NET/AWS Libfabric": [(0, 8)]}
     assert check.transports(["NCCL INFO Connected all rings", "unrelated"]) == {"network": None, "transports": {}}
 
 
@@ -150,7 +151,7 @@ def test_a_node_below_the_floor_is_named_with_its_transports_and_the_jobs_nccl_v
     assert found["problems"] == [
         "n1: 9 GB/s bus bandwidth, floor 100 GB/s: is NCCL falling back to sockets? The job's NCCL environment: "
         "NCCL_IB_HCA=mlx5_0, NCCL_SOCKET_IFNAME==eth0; NCCL's network: Socket; "
-        'n0 -> n1 via NET/Socket ("Channel 00/0 : 3[1] -> 4[0] [send] via NET/Socket/0"); '
+        'n0 -> n1 via NET/Socket ("Channel 00/0 : 1[1] -> 2[0] [receive] via NET/Socket/0"); '
         'n1 -> n2 via NET/Socket ("Channel 00/0 : 3[1] -> 4[0] [send] via NET/Socket/0")']
     assert "(2 of 6 ranks here, NCCL network Socket (NET/Socket, P2P)) in 100.0 ms: bus bandwidth 9.000" \
         in found["lines"][1]

@@ -113,20 +113,19 @@ def transport_kind(via: str) -> str:
 
 def transports(lines: list[str]) -> dict[str, Any]:
     """What NCCL's INFO log says carries the collective: ``network`` (its "Using network X" choice, or None) and
-    ``transports``: {kind: {"line": the first channel line of that kind, quoted from "Channel", "pairs": [[from rank,
-    to rank], ...] every distinct pair it carries}}."""
+    ``transports``: {kind: [{"from": rank, "to": rank, "line": the first channel line between them, quoted from
+    "Channel"}, ...]}, one entry per pair of ranks in the order met."""
     network = None
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, list[dict[str, Any]]] = {}
     for line in lines:
         if (chosen := NETWORK.search(line)) is not None:
             network = network or chosen.group(1)
         if (channel := CHANNEL.search(line)) is None:
             continue
-        kind = transport_kind(channel.group(3))
-        entry = found.setdefault(kind, {"line": line[channel.start():].strip(), "pairs": []})
-        pair = [int(channel.group(1)), int(channel.group(2))]
-        if pair not in entry["pairs"]:
-            entry["pairs"].append(pair)
+        links = found.setdefault(transport_kind(channel.group(3)), [])
+        src, dst = int(channel.group(1)), int(channel.group(2))
+        if not any(link["from"] == src and link["to"] == dst for link in links):
+            links.append({"from": src, "to": dst, "line": line[channel.start():].strip()})
     return {"network": network, "transports": found}
 
 

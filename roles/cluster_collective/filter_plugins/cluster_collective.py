@@ -67,14 +67,15 @@ def node_of_rank(results: Sequence[Mapping[str, Any]]) -> dict[int, str]:
 
 
 def crossings(result: Mapping[str, Any], node_of: Mapping[int, str]) -> list[str]:
-    """The node's links to other nodes as NCCL's log gives them: 'node1 -> node2 via NET/Socket ("Channel 00/0 : 1[0]
-    -> 2[0] [send] via NET/Socket/0")', one per transport and pair of nodes."""
-    found = []
-    for kind, entry in ((result.get("nccl") or {}).get("transports") or {}).items():
-        pairs = {(node_of.get(src, f"rank {src}"), node_of.get(dst, f"rank {dst}")) for src, dst in entry["pairs"]}
-        for src, dst in sorted(pair for pair in pairs if pair[0] != pair[1] and result["node"] in pair):
-            found.append(f'{src} -> {dst} via {kind} ("{entry["line"]}")')
-    return found
+    """The node's links to other nodes as NCCL's log gives them, one per transport and pair of nodes: 'node1 -> node2
+    via NET/Socket ("Channel 00/0 : 3[1] -> 4[0] [send] via NET/Socket/0")'."""
+    found: dict[tuple[str, str, str], str] = {}
+    for kind, links in ((result.get("nccl") or {}).get("transports") or {}).items():
+        for link in links:
+            src, dst = (node_of.get(link[end], f"rank {link[end]}") for end in ("from", "to"))
+            if src != dst and result["node"] in (src, dst):
+                found.setdefault((src, dst, kind), link["line"])
+    return [f'{src} -> {dst} via {kind} ("{line}")' for (src, dst, kind), line in sorted(found.items())]
 
 
 def below_floor(result: Mapping[str, Any], floor: float, node_of: Mapping[int, str]) -> str | None:
@@ -91,8 +92,8 @@ def below_floor(result: Mapping[str, Any], floor: float, node_of: Mapping[int, s
     question = ("is NCCL falling back to sockets?" if SOCKETS in kinds or nccl.get("network") == "Socket"
                 else f"NCCL uses {', '.join(sorted(kinds)) or 'no transport it logged'}: a slow link or GPU?")
     env = ", ".join(f"{key}={value}" for key, value in (result.get("env") or {}).items()) or "no NCCL_* variable"
-    links = crossings(result, node_of) or [f"{kind} (\"{entry['line']}\")"
-                                            for kind, entry in (nccl.get("transports") or {}).items()]
+    links = crossings(result, node_of) or [f'{kind} ("{seen[0]["line"]}")'
+                                            for kind, seen in (nccl.get("transports") or {}).items() if seen]
     return (f"{head}: {question} The job's NCCL environment: {env}; NCCL's network: {nccl.get('network') or '?'}"
             + (f"; {'; '.join(links)}" if links else ""))
 
