@@ -1,11 +1,13 @@
 """The GPU check where there is no GPU (scripts/gpu-check.sh, scripts/gpu-bundle.sh, bench/gpu_check.py): the
 bundle's requirements resolve with pip for the bare image's Python 3.12 without pulling torch in; the check exits
-non-zero within two minutes saying there is no GPU, with its table written and every row "not checked"; a stage cut
-short by its time limit keeps every outcome it got (a real pytest run killed by timeout(1))."""
+non-zero within two minutes saying there is no GPU, with its table written and every row "not checked"; every stage
+runs under its budget and the budgets add up to at most 9 minutes (read from the script); a stage cut short by its
+time limit keeps every outcome it got (a real pytest run killed by timeout(1))."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,6 +17,8 @@ from pathlib import Path
 from bench.gpu_check import NO_GPU_EXIT, NOT_CHECKED, bench_rows, gpu_test_rows
 
 REPO = Path(__file__).resolve().parents[1]
+GPU_CHECK = REPO / "scripts" / "gpu-check.sh"
+DEVICE_WINDOW_S = 9 * 60
 MANYLINUX = ("manylinux_2_28", "manylinux_2_27", "manylinux_2_17", "manylinux2014", "manylinux2010", "manylinux1")
 
 
@@ -52,9 +56,36 @@ def test_check_without_a_gpu_exits_non_zero_with_every_row_not_checked(tmp_path:
     assert "Traceback" not in logs
     table = (tmp_path / "out" / "gpu-check.md").read_text()
     rows = table_rows(table)
-    assert len(rows) == 14, table  # the 11 GPU tests and the bench's 3 settings
+    assert len(rows) == 17, table  # the 14 GPU tests (node, tests and in-place stages) and the bench's 3 settings
     assert [row for row in rows if row[1] != NOT_CHECKED] == [], table
     assert "- GPUs: none visible to torch" in table and "torch.compile: " in table
+
+
+def stage_budgets(script: str) -> tuple[dict[str, int], int, list[str]]:
+    """gpu-check.sh's budgets (BUDGET_S), its KILL_AFTER_S, and the stages it runs in order (``staged NAME`` and
+    ``gpu_tests NAME`` calls, the functions' own lines left out)."""
+    budgets = {name: int(seconds) for name, seconds in
+               re.findall(r"\[(\w+)\]=(\d+)", re.search(r"^declare -A BUDGET_S=\((.*)\)$", script, re.M).group(1))}
+    kill_after = int(re.search(r"^KILL_AFTER_S=(\d+)$", script, re.M).group(1))
+    runs = re.findall(r"^\s*(?:\w+=\$\()?(?:staged|gpu_tests) (\w+) ", script, re.M)
+    return budgets, kill_after, runs
+
+
+def test_every_stage_runs_under_its_budget_and_all_fit_the_device_window() -> None:
+    script = GPU_CHECK.read_text()
+    budgets, kill_after, runs = stage_budgets(script)
+    assert runs == ["python", "install", "gpus", "node", "tests", "inplace", "bench", "table"]
+    assert sorted(runs) == sorted(budgets)  # every stage has a budget, each budget is one stage's
+    worst = sum(budgets[name] + kill_after for name in runs)
+    assert worst <= DEVICE_WINDOW_S, f"the stages may take {worst} s, more than {DEVICE_WINDOW_S} s"
+    in_stage = re.compile(r'\bstaged (\w+|"\$name") ')
+    untimed = [line for line in script.splitlines() if '"$PYTHON"' in line and not in_stage.search(line)]
+    assert untimed == [], untimed  # every Python the script starts is inside a stage
+    assert 'timeout --kill-after="$KILL_AFTER_S" "${BUDGET_S[$name]}"' in script
+    # The stages' test ids are test_gpu.py's.
+    names = set(re.findall(r"::(test_\w+)", script))
+    defined = re.findall(r"^def (test_\w+)", (REPO / "tests" / "trainer" / "test_gpu.py").read_text(), re.M)
+    assert names and names <= set(defined), names - set(defined)
 
 
 def test_a_stage_cut_short_keeps_every_outcome_it_got(tmp_path: Path) -> None:

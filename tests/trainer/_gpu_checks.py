@@ -10,6 +10,7 @@ is a failure, with its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -25,6 +26,7 @@ from torch.nn import functional as F
 from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
 
 from tests.trainer.test_train import free_port
+from trainer import engine
 from trainer.accel import amp_dtype, autocast, ddp_module, grad_scaler, prepare_model, wrap_ddp
 from trainer.config import Config, validate_config
 from trainer.data.decoders import NATIVE, BadVideo, ClipDecoder, decode_device, open_reader, read_frames
@@ -33,6 +35,7 @@ from trainer.data.transforms import ClipNormalizer, Crop, make_crop, normalize
 from trainer.distributed import DistContext, launch, single_process_context
 from trainer.hardware import compile_problem, cuda_build, torchcodec_version
 from trainer.models import build_model
+from trainer.train import build_train_model
 
 EXIT_SKIP = 77
 CUDA = torch.device("cuda", 0)
@@ -59,6 +62,75 @@ def clips(count: int, frames: int = 8, size: int = 32, seed: int = 0) -> Iterato
     for _ in range(count):
         yield (torch.randn(4, 3, frames, size, size, generator=gen).to(CUDA),
                torch.randint(0, 5, (4,), generator=gen).to(CUDA))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What the trainer computes in and with: float32 meets every tolerance the comparisons below allow, and a model without
+# SyncBatchNorm trains as well on one GPU, so the checks also look inside (CPU tests: test_gpu_checks_on_cpu.py).
+
+COMPUTE_LAYERS = (nn.modules.conv._ConvNd, nn.Linear)
+
+
+def activation_dtypes(model: nn.Module, forward: Callable[[], object]) -> dict[str, list[str]]:
+    """{layer class: the dtypes of its outputs} of every convolution and linear layer of ``model`` while ``forward()``
+    runs (forward hooks): bf16 or fp16 under autocast, float32 without it."""
+    seen: dict[str, set[str]] = {}
+
+    def record(module: nn.Module, _inputs: object, output: object) -> None:
+        if isinstance(output, torch.Tensor):
+            seen.setdefault(type(module).__name__, set()).add(str(output.dtype).removeprefix("torch."))
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, COMPUTE_LAYERS)]
+    try:
+        forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: sorted(dtypes) for name, dtypes in sorted(seen.items())}
+
+
+def compute_dtype_problem(dtypes: dict[str, list[str]], expected: torch.dtype) -> str | None:
+    """None when every layer computed in ``expected``, else what did not."""
+    name = str(expected).removeprefix("torch.")
+    if not dtypes:
+        return "no convolution or linear layer ran"
+    wrong = {layer: found for layer, found in dtypes.items() if found != [name]}
+    return f"layers computed in {wrong}, not {name} (is autocast missing?)" if wrong else None
+
+
+def engine_forward_dtypes(model: nn.Module, clip: torch.Tensor, labels: torch.Tensor, cfg: Config,
+                          ctx: DistContext) -> dict[str, list[str]]:
+    """activation_dtypes of the trainer's own training forward (engine._forward_loss, its autocast as
+    CONFIG.TRAIN.AMP says), on a batch already on the device."""
+    batch = {"video": clip, "label": labels}
+
+    def passthrough(video: torch.Tensor, _crops: object = None) -> torch.Tensor:  # the clips are model input already
+        return video
+
+    return activation_dtypes(model, lambda: engine._forward_loss(model, batch, nn.CrossEntropyLoss(), cfg, ctx,
+                                                                 passthrough, False))  # type: ignore[arg-type]
+
+
+def batchnorm_kinds(model: nn.Module) -> dict[str, int]:
+    """{class name: count} of the model's batch norm layers: all SyncBatchNorm after the trainer's SYNC_BN."""
+    kinds: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            kinds[type(module).__name__] = kinds.get(type(module).__name__, 0) + 1
+    return kinds
+
+
+def amp_config(amp: str, **train: Any) -> Config:
+    return validate_config({"DDP_CONFIG": {"DISTRIBUTED": False},
+                            "CONFIG": {"MODEL": {"NAME": "i3d_tiny"}, "DATA": {"NUM_CLASSES": 5},
+                                       "TRAIN": {"AMP": amp, **train}}})
+
+
+def sync_bn_model(device: torch.device) -> nn.Module:
+    """The trainer's model (train.build_train_model) for a distributed process with SYNC_BN, before DDP."""
+    cfg = amp_config("off", SYNC_BN=True)
+    ctx = dataclasses.replace(single_process_context(cfg), device=device, distributed=True, world_size=2)
+    return build_train_model(cfg, ctx)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -94,21 +166,36 @@ def train_steps(amp: str) -> dict[str, Any]:
             else None}
 
 
+def check_engine_computes_in(amp: str) -> dict[str, list[str]]:
+    """The trainer's training forward under CONFIG.TRAIN.AMP ``amp`` computes every layer in the dtype amp_dtype
+    says (bf16 or fp16; float32 for off)."""
+    torch.manual_seed(0)
+    cfg = amp_config(amp)
+    model = build_model("i3d_tiny", 5, dropout=0.0).to(CUDA)
+    clip, labels = next(clips(1))
+    dtypes = engine_forward_dtypes(model, clip, labels, cfg, single_process_context(cfg))
+    problem = compute_dtype_problem(dtypes, amp_dtype(CUDA, amp) or torch.float32)
+    assert problem is None, f"AMP {amp}: the engine's forward {problem}"
+    return dtypes
+
+
 def check_amp() -> dict[str, Any]:
-    """bf16 and fp16 (with the gradient scaler) against float32: the same losses, the same weight updates (an fp16
-    step the scaler forgot to unscale would move the weights 65536x as far) and logits, within a tolerance."""
+    """bf16 and fp16 (with the gradient scaler) against float32: the engine's forward computes in the AMP dtype
+    (activation_dtypes), and training gives the same losses, the same weight updates (an fp16 step the scaler forgot
+    to unscale would move the weights 65536x as far) and logits, within a tolerance."""
     reference = train_steps("off")
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"auto": check_engine_computes_in("auto")}
     for amp, tolerance in (("bf16", 0.1), ("fp16", 0.05)):
         if amp == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
             figures[amp] = "not checked: this GPU has no bf16"
             continue
+        computes_in = check_engine_computes_in(amp)
         run = train_steps(amp)
         loss_error = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference["losses"], strict=True))
         move_error = relative_error(run["moved"], reference["moved"])
         logit_error = relative_error(run["logits"], reference["logits"])
         figures[amp] = {"loss": round(loss_error, 5), "weight_update": round(move_error, 5),
-                        "logits": round(logit_error, 5), "scale": run["scale"]}
+                        "logits": round(logit_error, 5), "scale": run["scale"], "computes_in": computes_in}
         assert max(loss_error, move_error, logit_error) < tolerance, f"AMP {amp} against float32: {figures[amp]}"
     assert reference["scale"] is None and figures["fp16"]["scale"] is not None  # the scaler runs for fp16 only
     return figures
@@ -153,11 +240,14 @@ def sync_bn_data(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def check_sync_bn(world: str) -> dict[str, Any]:
-    """SyncBatchNorm over ``world`` processes, one GPU each, against BatchNorm3d over the whole batch on one GPU:
-    outputs, input and parameter gradients, running statistics."""
+    """The trainer's model with SYNC_BN has SyncBatchNorm layers and no other batch norm; SyncBatchNorm over ``world``
+    processes, one GPU each, against BatchNorm3d over the whole batch on one GPU: outputs, input and parameter
+    gradients, running statistics."""
     processes = int(world)
     if torch.cuda.device_count() < processes:
         raise CannotCheck(f"needs {processes} GPUs, {torch.cuda.device_count()} visible")
+    kinds = batchnorm_kinds(sync_bn_model(CUDA))
+    assert set(kinds) == {"SyncBatchNorm"}, f"the trainer's SYNC_BN model has batch norm layers {kinds}"
     with tempfile.TemporaryDirectory() as results:
         mp.spawn(sync_bn_rank, args=(processes, free_port(), results), nprocs=processes, join=True)
         shares = [torch.load(f"{results}/{rank}.pt", weights_only=True) for rank in range(processes)]
@@ -178,7 +268,7 @@ def check_sync_bn(world: str) -> dict[str, Any]:
         errors[key] = relative_error(actual, tensor)
     assert max(errors.values()) < 1e-4, f"SyncBatchNorm over {processes} process(es) against BatchNorm: {errors}"
     return {"processes": processes, "path": "module" if processes > 1 else "synchronising kernels",
-            "max_relative_error": max(errors.values())}
+            "max_relative_error": max(errors.values()), "trainer_batchnorm": kinds}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -232,7 +322,8 @@ def check_cuda_decoding(video: str) -> dict[str, Any]:
     """DECODER_DEVICE cuda (torchcodec on NVDEC) against the CPU: the same frames, within a few levels (YUV to RGB
     runs on the GPU there); and under the time limit (a spawned helper) the same frames as without it. What the
     machine lacks for it (a torchcodec built with CUDA, FFmpeg libraries that can hand frames to NVDEC: torchcodec
-    then decodes on the CPU and says why) is reported as not checked."""
+    then decodes on the CPU and says why) is reported as not checked; a video that a CUDA build cannot open or decode
+    on the GPU fails the check."""
     from trainer.data.decoders import torchcodec_problem
 
     problem = torchcodec_problem()
@@ -249,8 +340,8 @@ def check_cuda_decoding(video: str) -> dict[str, Any]:
     assert device == "cuda:0", device
     try:
         reader = open_reader("torchcodec", video, NATIVE, device)
-    except BadVideo as exc:
-        raise CannotCheck(f"CUDA decoding: torchcodec cannot open a video on the GPU here ({exc})") from exc
+    except BadVideo as exc:  # a decode error: what this check is for, not something the machine lacks
+        raise AssertionError(f"CUDA decoding: torchcodec cannot open {video} on the GPU: {exc}") from exc
     indices = torch.tensor([40, 0, 7, 8, 9, 15, 31, 3, 3, 12]).numpy()
     on_gpu = read_frames(reader, indices)
     if warnings:  # "torchcodec decodes on the CPU instead of cuda:0: <why>"

@@ -1,5 +1,7 @@
-"""What only a GPU can show: nccl training with one process per GPU, AMP (bf16, fp16 with the gradient scaler),
-SyncBatchNorm, crops made on the GPU, torchcodec decoding on the GPU, channels_last and torch.compile on CUDA.
+"""What only a GPU can show: the node's environment report and the readiness check's bf16 matmul on its GPUs, nccl
+training with one process per GPU, AMP (bf16, fp16 with the gradient scaler: the engine's forward in that dtype),
+SyncBatchNorm (the trainer's model made of it), crops made on the GPU, torchcodec decoding on the GPU, channels_last
+and torch.compile on CUDA, and a restart in place over nccl on two GPUs.
 
 Each test runs in processes of its own that see the GPUs (the test processes do not: tests/conftest.py), and skips
 saying why where there is no GPU, or where one thing it needs is missing (a second GPU, a torchcodec built with
@@ -20,8 +22,10 @@ import pytest
 import yaml
 
 from tests.conftest import ALL_GPUS, GPUS_ENV
+from tests.trainer import test_in_place
 from tests.trainer._gpu_checks import EXIT_SKIP
 from tests.trainer.prepared_videos import KINETICS_LIKE, prepared_videos
+from tests.trainer.test_resume import config as in_place_config
 from tests.trainer.test_sync_bn import train_with_one_empty_batch
 from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
 
@@ -65,6 +69,77 @@ def needs(gpus: list[str], count: int) -> list[str]:
     if len(gpus) < count:
         pytest.skip(f"needs {count} GPUs, {len(gpus)} visible")
     return gpus[:count]
+
+
+def run_json(devices: list[str], *argv: str) -> dict[str, Any]:
+    """A Python program that prints one JSON object, run with these GPUs visible: its object."""
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env={**os.environ, **visible_env(devices)},
+                          capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, f"{argv}: exit status {proc.returncode}\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_nodes_environment_report(gpus: list[str], record_property: pytest.RecordProperty) -> None:
+    """roles/python_env's report (what setup compares across the nodes) here: torch with CUDA, cuDNN and NCCL, and
+    its small CUDA operation right on every GPU."""
+    report = run_json(gpus, str(REPO / "roles" / "python_env" / "files" / "env_report.py"))
+    assert "n/a" not in (report["cuda"], report["cudnn"], report["nccl"]), report
+    assert len(report["gpu_checks"]) == len(gpus) and {gpu["op"] for gpu in report["gpu_checks"]} == {"ok"}, report
+    record_property("figures", json.dumps({key: report[key] for key in ("torch", "cuda", "nccl", "driver",
+                                                                        "torch_gpus", "torchcodec")}))
+
+
+def test_the_readiness_checks_bf16_matmul(gpus: list[str], record_property: pytest.RecordProperty) -> None:
+    """roles/cluster_check's matmul (bf16 8192x8192 on every GPU, the slowest the node's figure) runs here."""
+    found = run_json(gpus, "-c", "import json, sys; sys.path.insert(0, 'roles/cluster_check/files'); "
+                                 "import node_check; print(json.dumps(node_check.matmul(2.0)))")
+    assert found["unit"] == "TFLOP/s" and found["value"] > 0, found
+    assert found["detail"].startswith(f"slowest of {len(gpus)} GPU(s), bf16 8192x8192"), found
+    record_property("figures", json.dumps({"tflops": round(found["value"], 1), "detail": found["detail"]}))
+
+
+class NcclNode(test_in_place.Node):
+    """test_in_place's node with one GPU of its own and nccl."""
+
+    def __init__(self, data: dict[str, Any], tmp: Path, rank: int, device: str) -> None:
+        super().__init__(data, tmp, rank)
+        self.device = device
+
+    def popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        return super().popen([*argv, "DDP_CONFIG.DIST_BACKEND", "nccl"], {**env, **visible_env([self.device])})
+
+
+def same_run_within_gpu_rounding(run_dir: Path, reference: Path, metrics_dir: Path | None = None) -> None:
+    """test_resume's assert_same_run for GPUs, whose kernels need not give the same bits once the ranks move to the
+    other GPU: the same epochs, every rank's final weights identical, each epoch's losses the reference's within
+    1e-3."""
+    records, expected = metrics(metrics_dir or run_dir), metrics(reference)
+    assert [r["epoch"] for r in records] == [r["epoch"] for r in expected], records
+    assert json.loads((run_dir / "weights_digest.json").read_text())["identical"]
+    for got, want in zip(records, expected, strict=True):
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-3), (got, want)
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-3), (got, want)
+
+
+def test_restart_in_place_over_nccl(
+    gpus: list[str], synthetic_dataset: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """test_in_place's ranks-swapped restart with each node on a GPU of its own over nccl: told their attempt is
+    over, both park (their communicators torn down) and go on in place with their ranks swapped, to the end of the
+    run of one uninterrupted nccl job on the same two GPUs."""
+    devices = needs(gpus, 2)
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    run_trainer("-m", "trainer.train", "--config-file", in_place_config(synthetic_dataset, reference, "run"),
+                "DDP_CONFIG.DIST_BACKEND", "nccl", **visible_env(devices))
+    assert "backend nccl" in (reference / "run" / "log.txt").read_text()
+    monkeypatch.setattr(test_in_place, "Node", lambda data, tmp, rank: NcclNode(data, tmp, rank, devices[rank]))
+    monkeypatch.setattr(test_in_place, "assert_same_run", same_run_within_gpu_rounding)
+    in_place = tmp_path / "in_place"
+    in_place.mkdir()
+    test_in_place.test_told_their_attempt_is_over_both_park_and_go_on_in_place_with_their_ranks_swapped(
+        synthetic_dataset, reference / "run", in_place)
+    assert all("backend nccl" in (in_place / name / "log.txt").read_text() for name in ("node0", "node1"))
 
 
 @pytest.mark.parametrize("processes", [1, 2], ids=["1 GPU", "2 GPUs"])
