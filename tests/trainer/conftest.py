@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import ALL_GPUS, GPUS_ENV
 from tests.trainer.prepared_videos import SYNTHETIC, make_synthetic_task, prepared_videos
 from trainer.data.synthetic import dataset_settings
 
@@ -58,3 +61,20 @@ def mixed_dataset(
         data[f"{split}_ANNO_PATH"] = str(out / f"{split.lower()}.txt")
     return data, av1
 
+
+@pytest.fixture(scope="module")
+def gpus() -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of the GPUs the suite was started with (torch's count, asked in a process
+    that sees them); the module's tests skip when there are none."""
+    if not Path("/dev/nvidiactl").exists():
+        pytest.skip("no NVIDIA GPU here (no driver device /dev/nvidiactl)")
+    given = os.environ.get(GPUS_ENV, ALL_GPUS)
+    env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+    if given != ALL_GPUS:
+        env["CUDA_VISIBLE_DEVICES"] = given
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    count = int(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
+                               timeout=120).stdout)
+    if count == 0:
+        pytest.skip(f"torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES={given})")
+    return [str(i) for i in range(count)] if given == ALL_GPUS else given.split(",")[:count]

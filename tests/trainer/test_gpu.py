@@ -21,37 +21,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ALL_GPUS, GPUS_ENV
 from tests.trainer import test_in_place
 from tests.trainer._gpu_checks import EXIT_SKIP
+from tests.trainer.gpus import needs, visible_env
 from tests.trainer.prepared_videos import KINETICS_LIKE, prepared_videos
 from tests.trainer.test_resume import config as in_place_config
 from tests.trainer.test_sync_bn import train_with_one_empty_batch
 from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
 
 CHECK_TIMEOUT_S = 300
-
-
-def visible_env(devices: list[str]) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
-
-
-@pytest.fixture(scope="module")
-def gpus() -> list[str]:
-    """The CUDA_VISIBLE_DEVICES entries of the GPUs the suite was started with (torch's count, asked in a process
-    that sees them); the module's tests skip when there are none."""
-    if not Path("/dev/nvidiactl").exists():
-        pytest.skip("no NVIDIA GPU here (no driver device /dev/nvidiactl)")
-    given = os.environ.get(GPUS_ENV, ALL_GPUS)
-    env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
-    if given != ALL_GPUS:
-        env["CUDA_VISIBLE_DEVICES"] = given
-    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
-    count = int(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
-                               timeout=120).stdout)
-    if count == 0:
-        pytest.skip(f"torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES={given})")
-    return [str(i) for i in range(count)] if given == ALL_GPUS else given.split(",")[:count]
 
 
 def run_check(name: str, devices: list[str], *args: str) -> dict[str, Any]:
@@ -63,12 +41,6 @@ def run_check(name: str, devices: list[str], *args: str) -> dict[str, Any]:
         pytest.skip(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip())
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def needs(gpus: list[str], count: int) -> list[str]:
-    if len(gpus) < count:
-        pytest.skip(f"needs {count} GPUs, {len(gpus)} visible")
-    return gpus[:count]
 
 
 def run_json(devices: list[str], *argv: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.test_gpu import gpus, needs, visible_env
+from tests.trainer.gpus import needs, visible_env
 from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, finish, uninterrupted, wait_for
 from tests.trainer.test_train import REPO, free_port
 from trainer import inplace
@@ -43,7 +43,7 @@ from trainer.runtime.contract import (
 )
 from trainer.timeline import Timeline
 
-__all__ = ["gpus", "uninterrupted"]
+__all__ = ["uninterrupted"]
 URLS = ("127.0.0.1", "127.0.0.1")
 
 
