@@ -22,6 +22,7 @@ from tests.runtime.loopback import WATCH, Job, loopback, wait_until
 from tests.runtime.standin import trained
 from trainer.runtime import layout
 from trainer.runtime.record import EndState, JobRecord, Kind, Start
+from trainer.runtime.timing import HANG_FLOOR_S
 
 __all__ = ["loopback"]
 T = WATCH["heartbeat_timeout"]
@@ -199,6 +200,22 @@ def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callab
     assert all("the trainer exited with status 75" in job.log(name) for name in job.names), job.logs()
     preempted = "its trainer checkpointed and stopped when asked (exit status 75) (attempt 0)"
     assert came(record) == {"n0": (Start.STANDBY, preempted), "n1": (Start.STANDBY, preempted)}
+    exact(job, "n0", "n1")
+
+
+def test_at_the_default_watch_a_rank_hung_in_its_step_is_named_and_the_job_restarted_within_30_s(
+        loopback: Callable[..., Job]) -> None:
+    # The job description's own watch: a 60 s heartbeat timeout, members reporting every 10 s, a 15 s stop grace.
+    # n1's rank hangs in the compute of step 20 and beats on: named at the 15 s floor (TIMEOUT_SECONDS is minutes).
+    job = started(loopback, 2, env={"STANDIN_HANG": "0:20:1"}, watch={})
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    cause = record.attempts[1].cause
+    assert cause is not None and (cause.node, cause.kind) == ("n1", Kind.HUNG), job.logs()
+    assert cause.reason.startswith("its rank 1 hung in compute, 19 steps into its attempt: "), cause.reason
+    assert HANG_FLOOR_S <= cause.detect_s <= HANG_FLOOR_S + 5, cause
+    assert record.attempts[1].started_at - cause.at < 30, (record.attempts[1].started_at - cause.at, cause)
+    assert came(record) == {"n0": (Start.IN_PLACE, ""), "n1": (Start.STANDBY, "its trainer hung (attempt 0)")}
     exact(job, "n0", "n1")
 
 

@@ -12,6 +12,7 @@ from trainer.runtime import schema, wire
 from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
 from trainer.runtime.messages import (
+    CHECKPOINT,
     COLLECTIVE,
     COMPUTE,
     DATA,
@@ -28,6 +29,7 @@ from trainer.runtime.messages import (
 )
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import Changes, JobRecord, Kind, NodeTimeline, Start, with_changes
+from trainer.runtime.timing import HANG_FLOOR_S
 
 HT = 60.0  # the plans' heartbeat timeout
 
@@ -439,18 +441,81 @@ def stalled(rank: int, phase: str, seconds: float, step: int = 40, step_s: float
 def test_a_rank_whose_step_stalls_while_the_others_wait_in_a_collective_is_named_hung_and_the_attempt_stops() -> None:
     j = Job(plan())
     j.tick(2, "n0", "n1")
-    # n1's rank 1 is stuck in its data for the floor (the heartbeat timeout: more than 10 x its 0.5 s step) less a
+    # n1's rank 1 is stuck in its data for the floor (15 s at the defaults: more than 10 x its 0.5 s step) less a
     # second; rank 0 waits for it in the gradient all-reduce.
-    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", HT - 1),), "n1": (stalled(1, DATA, HT - 1),)}
+    floor = HANG_FLOOR_S
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", floor - 1),), "n1": (stalled(1, DATA, floor - 1),)}
     j.tick(1, "n0", "n1")
     assert j.record.phase == "running" and not j.hub.failures
-    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", HT + 1),), "n1": (stalled(1, DATA, HT + 1),)}
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", floor + 1),), "n1": (stalled(1, DATA, floor + 1),)}
     j.tick(1, "n0", "n1")
     first = j.record.first_failure
     assert j.record.phase == "stopping" and first is not None and (first.node, first.kind) == ("n1", Kind.HUNG)
-    assert first.reason == ("its rank 1 hung in data, 40 steps into its attempt: no step for 61 s (its usual step: "
+    assert first.reason == ("its rank 1 hung in data, 40 steps into its attempt: no step for 16 s (its usual step: "
                             "0.50 s), while rank(s) 0 wait in a collective"), first.reason
-    assert first.at == j.wall - (HT + 1)  # its last step: the last sign of its progress
+    assert first.at == j.wall - (floor + 1)  # its last step: the last sign of its progress
+
+
+def test_only_the_rank_the_others_wait_for_is_named_never_a_waiter() -> None:
+    j = Job(plan(nodes=3))
+    j.tick(2, "n0", "n1", "n2")
+    # n0 and n1 have waited in the all-reduce longer than n2 has been stuck in its compute: n2 is the one.
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", 40),), "n1": (stalled(1, COLLECTIVE + "gradients", 30),),
+               "n2": (stalled(2, COMPUTE, HANG_FLOOR_S + 1, step=41),)}
+    j.tick(1, "n0", "n1", "n2")
+    first = j.record.first_failure
+    assert first is not None and (first.node, first.kind) == ("n2", Kind.HUNG), j.hub.failures
+    assert "while rank(s) 0, 1 wait in a collective" in first.reason, first.reason
+
+
+def test_waiters_are_not_named_while_a_rank_cannot_say_where_it_is_nor_on_a_stale_report() -> None:
+    j = Job(plan(nodes=3))
+    j.tick(2, "n0", "n1", "n2")
+    # n2's rank stopped beating (frozen: its node names it, at its heartbeat timeout), so n2 reports no ranks; the
+    # others wait for it far beyond the floor, and are no hang.
+    waiting = {"n0": (stalled(0, COLLECTIVE + "gradients", 50),), "n1": (stalled(1, COLLECTIVE + "gradients", 50),)}
+    j.ranks = {**waiting, "n2": ()}
+    j.tick(1, "n0", "n1", "n2")
+    assert j.record.phase == "running" and not j.hub.failures
+    # n2's last report said its rank waits in the all-reduce too, for 5 s: then n2 fell silent (its supervisor
+    # stopped). Every rank waits; judged on that stale report, n2 would be named once the others passed the floor.
+    j.ranks = {**waiting, "n2": (stalled(2, COLLECTIVE + "gradients", HANG_FLOOR_S - 10),)}
+    j.tick(1, "n0", "n1", "n2")
+    assert j.record.phase == "running" and not j.hub.failures
+    j.tick(int(2 * j.hub.timings.report_every) + 1, "n0", "n1")
+    assert not [f for f in j.hub.failures if f.kind == Kind.HUNG], j.hub.failures
+
+
+def test_when_every_rank_waits_in_a_collective_the_last_to_enter_it_is_named() -> None:
+    j = Job(plan(nodes=3))
+    j.tick(2, "n0", "n1", "n2")
+    # The last to enter the all-reduce has waited less than the floor: the others wait for it, which is no hang yet.
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", 40),), "n1": (stalled(1, COLLECTIVE + "gradients", 10),),
+               "n2": (stalled(2, COLLECTIVE + "gradients", 30),)}
+    j.tick(1, "n0", "n1", "n2")
+    assert j.record.phase == "running" and not j.hub.failures
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", 40),), "n1": (stalled(1, COLLECTIVE + "gradients", 20),),
+               "n2": (stalled(2, COLLECTIVE + "gradients", 30),)}
+    j.tick(1, "n0", "n1", "n2")
+    first = j.record.first_failure
+    assert first is not None and (first.node, first.kind) == ("n1", Kind.HUNG), j.hub.failures
+    assert "while rank(s) 0, 2 wait in a collective" in first.reason, first.reason
+
+
+def test_a_checkpoint_may_take_the_heartbeat_timeout_and_a_tenfold_slower_step_is_no_hang() -> None:
+    j = Job(plan())
+    j.tick(2, "n0", "n1")
+    # n1 saves a large model's checkpoint for more than the floor while n0 waits at the barrier after it; or n1's
+    # node slowed tenfold (a 1 s step now takes 10 s: a straggler, not a hang).
+    for ranks in ({"n0": (stalled(0, COLLECTIVE + "barrier", HT - 1),), "n1": (stalled(1, CHECKPOINT, HT - 1),)},
+                  {"n0": (stalled(0, COLLECTIVE + "gradients", 10),), "n1": (stalled(1, COMPUTE, 10, step_s=1),)}):
+        j.ranks = ranks
+        j.tick(1, "n0", "n1")
+        assert j.record.phase == "running" and not j.hub.failures, ranks
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "barrier", HT + 1),), "n1": (stalled(1, CHECKPOINT, HT + 1),)}
+    j.tick(1, "n0", "n1")
+    first = j.record.first_failure
+    assert first is not None and (first.node, first.kind) == ("n1", Kind.HUNG), j.hub.failures
 
 
 def test_a_long_step_phase_is_no_hang_while_no_rank_waits_for_it_nor_an_epochs_end() -> None:

@@ -272,7 +272,7 @@ class Hub:
                 self._fail(Failure(node, Kind.PARKED, "its trainer lost its peers and waits in place for the next "
                                    "attempt", trainer.ended or wall))
         if not self.failures:
-            self._check_hung(wall)
+            self._check_hung(now, wall)
         if not self.failures:
             return
         if self.first_seen is None:
@@ -288,15 +288,19 @@ class Hub:
                          failed_step=_step(self.progress))
             self.phase_since, self.stopped_at = now, None
 
-    def _check_hung(self, wall: float) -> None:
-        """Name a rank whose step stopped while the others wait for it (its node then kills its trainer)."""
+    def _check_hung(self, now: float, wall: float) -> None:
+        """Name a rank whose step stopped while the others wait for it (its node then kills its trainer). Judged only
+        on every rank of the attempt, freshly heard: a rank missing (it stopped beating: frozen, which its node names)
+        or a member's report gone stale would make a rank that waits for it look like the one that stopped."""
         attempt = self.record.attempt
         ranks = []
         for node in self.record.assignment:
             view = self.members[node]
             trainer = view.trainer(attempt)
-            if trainer is not None and trainer.running and view.report is not None:
-                ranks.extend((node, rank) for rank in view.report.ranks)
+            if (trainer is None or not trainer.running or view.report is None or not view.report.ranks
+                    or view.heard is None or now - view.heard > 2 * self.timings.report_every):
+                return
+            ranks.extend((node, rank) for rank in view.report.ranks)
         failure = hung(ranks, self.timings, wall)
         if failure is not None:
             self._fail(failure)

@@ -57,7 +57,7 @@ from trainer.runtime.contract import (
     nccl_env,
     thread_budget,
 )
-from trainer.runtime.messages import IDLE, RankProgress, Trainer, TrainerState, Trouble, Where
+from trainer.runtime.messages import IDLE, UNJUDGED, RankProgress, Trainer, TrainerState, Trouble, Where
 from trainer.runtime.nodestate import read_json
 from trainer.runtime.pace import Beat, Pace, node_effort, read_beat
 from trainer.runtime.plan import NodePlan
@@ -366,8 +366,9 @@ class Node:
         return None
 
     def ranks(self) -> tuple[RankProgress, ...]:
-        """Where each rank of the running attempt is (its heartbeat's ``Where``), in seconds before now; a rank whose
-        beats stopped coming is left out (it is frozen, not hung: this node names it when its heartbeat times out)."""
+        """Where each rank of the running attempt is (its heartbeat's ``Where``), in seconds before now; none while
+        one rank cannot say (its beats stopped coming: it is frozen, not hung, and this node names it when its
+        heartbeat times out; or its first ``Where`` is not written yet): the hub judges every rank or none."""
         if not self.running:
             return ()
         folder, now = Path(self.job_dir) / layout.HEARTBEAT_DIR, time.monotonic()
@@ -375,16 +376,21 @@ class Node:
         for report in self._mine():
             beat = read_beat(folder / str(report.pid))
             if beat is None or now - beat.at > 2 * self.timings.report_every:
-                continue
+                return ()
             try:
                 where = parse(Where, json.loads((folder / f"{report.pid}{WHERE_SUFFIX}").read_text()), "where")
             except (OSError, ValueError, SchemaError):  # not written yet, or being written
-                continue
+                return ()
             assert report.rank is not None
             ranks.append(RankProgress(rank=report.rank, step=where.step, phase=where.phase,
                                       phase_s=round(now - where.since, 2), stalled_s=round(now - where.step_at, 2),
                                       step_s=where.step_s))
         return tuple(ranks)
+
+    def stalled(self) -> bool:
+        """A rank of the running attempt whose step has stalled for the watch's ``stall_report`` in a phase a step is
+        due in: its member reports at the waiting cadence, so that a hang is judged, and heard, within moments."""
+        return any(r.phase not in UNJUDGED and r.stalled_s > self.timings.stall_report for r in self.ranks())
 
     def _beats(self) -> list[tuple[int, Beat]]:
         """(pid, heartbeat) of every training process that beats here (trainer.runtime.pace.Beat)."""

@@ -9,7 +9,8 @@ parts, one asyncio loop and one thread (no locks):
                seconds (trainer.runtime.timing) and adopts its record; it reports at once when its trainer starts,
                exits, fails, parks or reaches a phase of its attempt, and every ``waiting_report`` seconds while its
                trainer has run and does not run now (the hub's next word, the job's end or its next attempt, is what
-               it waits for);
+               it waits for) or while a rank's step has stalled (``Node.stalled``: a hang is judged, and the hung
+               node hears it, within moments);
     hub host   trainer.runtime.hubhost: the supervisor that is the job's hub answers with the record;
     tick       ``Supervisor.tick``, every TICK, and at once when a child process ends, a training process reports
                (the channel's FIFO: trainer.runtime.channel) or, on the hub, a member's trainer changed: polls the
@@ -222,7 +223,7 @@ class Supervisor:
 
     async def until_next_report(self) -> None:
         """A report's interval, less when this node has news or waits on the hub (see the module docstring)."""
-        waiting = not self.node.running and bool(self.node.started_attempts)
+        waiting = (not self.node.running and bool(self.node.started_attempts)) or self.node.stalled()
         pause = self.timings.waiting_report if waiting else self.timings.report_every
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.news.wait(), pause)

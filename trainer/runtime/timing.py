@@ -17,8 +17,11 @@ So lease < loss (the old hub gives up first), and takeover_wait is the stop grac
 beyond ``loss`` to pass its stop on: ``check`` asserts both orderings, whatever changes the formulas here.
 
 A rank is hung (trainer.runtime.verdict.hung) when its step has not advanced for ``hang_factor`` times its usual step
-time, and no less than ``hang_floor`` (the heartbeat timeout: a hung rank is named no sooner than a silent one would
-be frozen), while the other ranks wait in a collective.
+time, and no less than ``hang_floor`` (15 s, or the heartbeat timeout when that is shorter; ``checkpoint_floor``, the
+heartbeat timeout, for a rank saving a checkpoint, which a large model's takes), while the other ranks wait for it in a
+collective. A member whose ranks have stalled for ``stall_report`` reports at the ``waiting_report`` cadence, so that
+the hub judges them, and the hung node hears it, within moments of the floor: a stuck rank is named, and the job
+restarted, within 30 s of its last step at the defaults (a 60 s heartbeat timeout, whose reports come every 10 s).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from dataclasses import dataclass
 
 DEFAULT_HANG_FACTOR = 10.0  # the plan's watch.hang_factor when the job description has none (vidcluster_hang_factor)
 MIN_HANG_FACTOR = 2.0  # below this, an uneven step would be taken for a hang
+# A rank's step stalls this long at least before it is hung: far beyond a step of a healthy GPU job (0.2 to 2 s) and
+# beyond that of a node slowed tenfold (a straggler, which trainer.runtime.straggler swaps, not a hang), short enough
+# for the job to restart within 30 s of a stuck rank's last step.
+HANG_FLOOR_S = 15.0
 TICK = 0.5  # a supervisor's tick: it polls its trainer and acts on the record this often
 # A member whose trainer has stopped (exited or parked) asks the hub what comes next this often at least: the next
 # attempt reaches it within this much of the hub's decision.
@@ -57,6 +64,8 @@ class Timings:
     search_give_up: float  # the search for a new hub gives up after this
     hang_factor: float  # a rank whose step stalls this many times its usual step time is hung...
     hang_floor: float  # ...once it has stalled this long at least
+    checkpoint_floor: float  # ...and this long in a checkpoint
+    stall_report: float  # a member whose ranks' steps stalled this long reports at the waiting_report cadence
 
     @classmethod
     def derive(cls, heartbeat_timeout: float, stop_grace: float, node_wait: float,
@@ -69,7 +78,7 @@ class Timings:
             takeover_wait=stop_grace + max(0.0, lease + 2 * beat + 2 * TICK - loss) + TICK, takeover_join=t,
             dial=min(5.0, t), reply_wait=min(2 * beat + 5, loss), next_report=t, retry=min(2.0, beat),
             search_pause=min(3.0, t / 4), search_give_up=max(node_wait, 3 * t), hang_factor=hang_factor,
-            hang_floor=loss,
+            hang_floor=min(loss, HANG_FLOOR_S), checkpoint_floor=loss, stall_report=min(loss, HANG_FLOOR_S) / 2,
         )
         timings.check()
         return timings

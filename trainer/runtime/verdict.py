@@ -30,7 +30,7 @@ import signal
 from collections.abc import Iterable
 
 from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
-from trainer.runtime.messages import UNJUDGED, RankProgress
+from trainer.runtime.messages import CHECKPOINT, UNJUDGED, RankProgress
 from trainer.runtime.record import Failure, Kind
 from trainer.runtime.timing import Timings
 
@@ -77,17 +77,29 @@ def words(first: Failure) -> str:
 
 
 def hung(ranks: Iterable[tuple[str, RankProgress]], timings: Timings, wall: float) -> Failure | None:
-    """The hung rank of an attempt (node, its rank's progress), or None: a rank whose step has not advanced for
-    ``hang_factor`` times its usual step time (``hang_floor`` at least) while another rank waits in a collective.
-    Of several, the one the others wait for: the furthest behind, then one not itself waiting in a collective, then
-    the one that entered its phase last. A rank before its second step, or at its attempt's start or an epoch's end
+    """The hung rank of an attempt (node, its rank's progress: every rank of the attempt, freshly reported), or None.
+
+    Hung: a rank the others wait for in a collective, whose step has not advanced for ``hang_factor`` times its usual
+    step time, and no less than its floor (``hang_floor``; ``checkpoint_floor`` while it saves a checkpoint). A rank
+    that waits in a collective itself is never named while another does not: it waits for that one (a rank that
+    stopped beating is not among ``ranks``: it is frozen, its node names it). Only when every rank waits (a collective
+    that never ends: a fabric gone, a communicator wedged) is one of the waiters named: the last to enter it. Of
+    several, the one furthest behind. A rank before its second step, or at its attempt's start or an epoch's end
     (evaluating, as long as the validation set takes: UNJUDGED) is not judged."""
-    each = list(ranks)
-    stalled = [(node, r) for node, r in each if r.step_s is not None and r.phase not in UNJUDGED
-               and r.stalled_s > max(timings.hang_floor, timings.hang_factor * r.step_s)]
-    if not stalled:
+    each = [(node, r) for node, r in ranks]
+    judged = [(node, r) for node, r in each if r.step_s is not None and r.phase not in UNJUDGED]
+    blocked = [(node, r) for node, r in judged if not r.waiting]
+    if blocked:
+        stalled = [(node, r) for node, r in blocked if r.stalled_s > _limit(r, timings)]
+        if not stalled:
+            return None
+        node, rank = min(stalled, key=lambda item: (item[1].step, item[1].phase_s))
+    elif judged and all(r.waiting for _, r in each):
+        node, rank = min(judged, key=lambda item: item[1].phase_s)
+        if rank.stalled_s <= _limit(rank, timings):
+            return None
+    else:
         return None
-    node, rank = min(stalled, key=lambda item: (item[1].step, item[1].waiting, item[1].phase_s))
     waiting = sorted(r.rank for _, r in each if r.waiting and r.rank != rank.rank)
     if not waiting:
         return None
@@ -96,3 +108,10 @@ def hung(ranks: Iterable[tuple[str, RankProgress]], timings: Timings, wall: floa
               f"{rank.stalled_s:.0f} s (its usual step: {rank.step_s:.2f} s), while rank(s) "
               f"{', '.join(map(str, waiting))} wait in a collective")
     return Failure(node, Kind.HUNG, reason, wall - rank.stalled_s)
+
+
+def _limit(rank: RankProgress, timings: Timings) -> float:
+    """How long ``rank``'s step may stall before it is hung (see ``hung``)."""
+    assert rank.step_s is not None
+    floor = timings.checkpoint_floor if rank.phase == CHECKPOINT else timings.hang_floor
+    return max(floor, timings.hang_factor * rank.step_s)
