@@ -477,13 +477,23 @@ def test_waiters_are_not_named_while_a_rank_cannot_say_where_it_is_nor_on_a_stal
     j.ranks = {**waiting, "n2": ()}
     j.tick(1, "n0", "n1", "n2")
     assert j.record.phase == "running" and not j.hub.failures
-    # n2's last report said its rank waits in the all-reduce too, for 5 s: then n2 fell silent (its supervisor
-    # stopped). Every rank waits; judged on that stale report, n2 would be named once the others passed the floor.
-    j.ranks = {**waiting, "n2": (stalled(2, COLLECTIVE + "gradients", HANG_FLOOR_S - 10),)}
+    # n2's last report said its rank waits in the all-reduce too, since before n1 entered it; then n2 fell silent
+    # (its supervisor stopped: it is lost at the heartbeat timeout). Every rank waits and n1 came last: judged on
+    # n2's stale report, n1 would be named once past the floor.
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "gradients", 40),), "n1": (stalled(1, COLLECTIVE + "gradients", 5),),
+               "n2": (stalled(2, COLLECTIVE + "gradients", 30),)}
+    j.tick(1, "n0", "n1", "n2")
+    j.tick(int(2 * j.hub.timings.report_every) + 1, "n0", "n1")
+    j.ranks["n1"] = (stalled(1, COLLECTIVE + "gradients", HANG_FLOOR_S + 5),)
+    j.tick(1, "n0", "n1")
+    assert not [f for f in j.hub.failures if f.kind == Kind.HUNG], j.hub.failures
+    # A rank that evaluates (an epoch's end, not judged) while another already waits at the barrier after it: no hang.
+    j = Job(plan(nodes=3))
+    j.tick(2, "n0", "n1", "n2")
+    j.ranks = {"n0": (stalled(0, COLLECTIVE + "barrier", 50),), "n1": (stalled(1, COLLECTIVE + "barrier", 40),),
+               "n2": (stalled(2, EVALUATE, 50),)}
     j.tick(1, "n0", "n1", "n2")
     assert j.record.phase == "running" and not j.hub.failures
-    j.tick(int(2 * j.hub.timings.report_every) + 1, "n0", "n1")
-    assert not [f for f in j.hub.failures if f.kind == Kind.HUNG], j.hub.failures
 
 
 def test_when_every_rank_waits_in_a_collective_the_last_to_enter_it_is_named() -> None:

@@ -23,7 +23,7 @@ from trainer.runtime import channel, layout, procs, schema
 from trainer.runtime.channel import ChannelError, Notice, ProcessReport, ProcState
 from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV, WHERE_SUFFIX
 from trainer.runtime.hub import new_record
-from trainer.runtime.messages import DATA, TrainerState, Where
+from trainer.runtime.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, TrainerState, Where
 from trainer.runtime.node import Node
 from trainer.runtime.pace import Beat, beat_text
 from trainer.runtime.plan import NodePlan
@@ -66,8 +66,8 @@ def begun(node: Node, proc: subprocess.Popen[bytes]) -> None:
     node._begin(0, 0, Start.PROCESS, proc.pid)
 
 
-def report(node: Node, pid: int, state: ProcState = ProcState.TRAINING, **phases: float) -> None:
-    channel.write(Path(node.channel) / f"{pid}.json", ProcessReport(pid=pid, attempt=0, rank=0, state=state,
+def report(node: Node, pid: int, state: ProcState = ProcState.TRAINING, rank: int = 0, **phases: float) -> None:
+    channel.write(Path(node.channel) / f"{pid}.json", ProcessReport(pid=pid, attempt=0, rank=rank, state=state,
                                                                   phases=phases))
 
 
@@ -222,4 +222,33 @@ def test_the_ranks_progress_goes_to_the_hub_while_they_beat_a_silent_one_is_left
     assert 5 <= rank.stalled_s < 6 and 3 <= rank.phase_s < 4
     # Its beats stop (SIGSTOP, a hung filesystem): frozen, which its heartbeat's timeout names; not judged hung.
     (beats / str(trainer.pid)).write_text(beat_text(Beat(at=now - 3 * node.timings.report_every, effort=None)))
+    assert node.ranks() == ()
+
+
+def test_a_node_says_where_every_rank_is_or_none_and_reports_often_while_a_step_stalls(node: Node) -> None:
+    launcher, first, second = (trainer_process(node.plan) for _ in range(3))
+    seen(node, launcher, first, second)
+    begun(node, launcher)
+    beats = Path(node.job_dir) / layout.HEARTBEAT_DIR
+    beats.mkdir()
+    now = time.monotonic()
+    for rank, worker, phase in ((0, first, COLLECTIVE + "gradients"), (1, second, COMPUTE)):
+        report(node, worker.pid, rank=rank, started=time.time())
+        where = Where(step=7, phase=phase, since=now - 1, step_at=now - 1, step_s=0.5)
+        (beats / f"{worker.pid}{WHERE_SUFFIX}").write_text(json.dumps(schema.dump(where)))
+        (beats / str(worker.pid)).write_text(beat_text(Beat(at=now, effort=None)))
+    node.poll()
+    assert sorted(r.rank for r in node.ranks()) == [0, 1] and not node.stalled()
+    # Rank 1's step stalls past the watch's stall_report (rank 0 waits for it): the member reports at the waiting
+    # cadence; an epoch's end, however long, is no stall.
+    stall = node.timings.stall_report + 1
+    for phase, stalled in ((COMPUTE, True), (EVALUATE, False)):
+        where = Where(step=7, phase=phase, since=now - stall, step_at=now - stall, step_s=0.5)
+        (beats / f"{second.pid}{WHERE_SUFFIX}").write_text(json.dumps(schema.dump(where)))
+        (beats / f"{first.pid}{WHERE_SUFFIX}").write_text(json.dumps(schema.dump(
+            dataclasses.replace(where, phase=COLLECTIVE + "gradients" if stalled else EVALUATE))))
+        assert node.stalled() is stalled, phase
+    # Rank 1 stops beating (frozen: its heartbeat's timeout names it): the node says where no rank is, so that rank
+    # 0, which waits for it, is never judged on its own.
+    (beats / str(second.pid)).write_text(beat_text(Beat(at=now - 3 * node.timings.report_every, effort=None)))
     assert node.ranks() == ()
