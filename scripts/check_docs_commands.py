@@ -11,6 +11,8 @@ a Python module (`python -m M`, also under torchrun or srun), a Python file or a
   (with the playbooks it imports) or a role's template expression reads; ansible-playbook's own options are real;
 - a module of the repository has a file it runs (`M.py` or `M/__main__.py`), another module is installed; a file
   exists;
+- a path of the repository a page names in code (`trainer/engine.py`, `roles/stage_data`) exists, or is one that runs
+  write (ignored by git: `inventory/hosts.yml`);
 - every `--option` of the repository's Python entries is one its code names (a string literal of its module or of the
   repository modules it imports: its argparse options and the words it reads from argv), of a shell script one its text
   names. Other programs' options (torchrun's, srun's) are theirs and not checked.
@@ -41,6 +43,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _JINJA = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.S)
 _SEPARATORS = {"&&", "||", ";", "|"}
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it: the roles are many files
+# a path of the repository as the pages write it in code: its top folder, then the rest
+_REPO_PATH = re.compile(r"(?:trainer|roles|playbooks|scripts|bench|tests|inventory|configs|collections|docs)/[\w./-]*")
 _DOTTED = re.compile(r"(?:trainer|bench)(?:\.\w+)+")
 
 
@@ -415,6 +419,29 @@ def check_command(command: Command) -> list[str]:
     return []
 
 
+def missing_paths(pages: list[Path]) -> list[str]:
+    """Paths of the repository the pages name in inline code that are not there (a moved module, a renamed role)."""
+    named = [
+        (page, span)
+        for page in pages
+        for span in _INLINE.findall(page.read_text())
+        if _REPO_PATH.fullmatch(span) and not (REPO / span).exists()
+    ]
+    if not named:
+        return []
+    # files that runs write (the demo's inventory) are named but not committed: git ignores them
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(span for _, span in named),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    ).stdout.split()
+    where = {page: page.relative_to(REPO) if page.is_relative_to(REPO) else page for page, _ in named}
+    return [f"{where[page]}: no {span} in the repository" for page, span in named if span not in ignored]
+
+
 def default_pages() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
@@ -429,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pages", nargs="*", type=Path, help="Markdown pages (default: README.md and docs/)")
     args = parser.parse_args(argv)
-    count, problems = check_pages([page.resolve() for page in args.pages] or default_pages())
+    pages = [page.resolve() for page in args.pages] or default_pages()
+    count, problems = check_pages(pages)
+    problems += missing_paths(pages)
     for problem in problems:
         print(problem, file=sys.stderr)
     print(f"{count} command(s) checked, {len(problems)} problem(s)")

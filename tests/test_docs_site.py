@@ -70,6 +70,15 @@ def test_every_command_in_the_readme_and_the_docs_is_real(commands: ModuleType) 
     assert ["ansible-playbook", "-i", "inventory/myslurm", "setup-cluster.yml"] in readme
 
 
+def test_every_repository_path_the_docs_name_exists(commands: ModuleType, tmp_path: Path) -> None:
+    assert commands.missing_paths(commands.default_pages()) == []
+    page = tmp_path / "page.md"
+    page.write_text("The schema: `trainer/config.py`, `trainer/configuration.py`; the demo's `inventory/hosts.yml`.\n")
+    assert [problem.split(": ", 1)[1] for problem in commands.missing_paths([page])] == [
+        "no trainer/configuration.py in the repository"
+    ]
+
+
 def test_the_command_check_finds_a_made_up_option_and_a_renamed_playbook(commands: ModuleType, tmp_path: Path) -> None:
     page = tmp_path / "data.md"
     text = (REPO / "docs" / "data.md").read_text()
