@@ -19,6 +19,8 @@ VENV="$ROOT/.venv"
 # (playbooks/local-cluster.yml -e slurm=true; their services are not started: the playbook runs its own daemons).
 APT_PACKAGES=(openssh-server openssh-client ffmpeg iproute2 util-linux procps python3 python3-venv ca-certificates
   rsync nftables iptables sudo slurm-client slurmctld slurmd munge)
+# chromium (--dev): the docs site's screenshots, headless (scripts/screenshot_docs.py)
+[ "${1:-}" = "--dev" ] && APT_PACKAGES+=(chromium)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
