@@ -47,7 +47,7 @@ from trainer.distributed.collectives import (
     host_group,
 )
 from trainer.distributed.context import DistContext, DistributedError, PeerError, gpu_index
-from trainer.distributed.process_group import abort_groups, leave_group, rejoin
+from trainer.distributed.process_group import abort_groups, rejoin
 from trainer.distributed.ranks import add_launcher_args, resolve_node_rank, single_process_context
 from trainer.distributed.workers import launch
 
@@ -66,7 +66,6 @@ __all__ = [
     "gpu_index",
     "host_group",
     "launch",
-    "leave_group",
     "rejoin",
     "resolve_node_rank",
     "single_process_context",
