@@ -1,5 +1,6 @@
-"""Who this process is in the job: the rank sources in the order ``trainer.distributed`` lists them (the config,
-torchrun's environment, a task of srun, a legacy ``--local_rank``, AUTO_RANK_MATCH), each giving a Plan."""
+"""Who this process is in the job, from the sources ``trainer.distributed`` lists in their order: no process group
+(DISTRIBUTED False), torchrun's environment, a task of srun (scontrol for the rank-0 node), a legacy
+``--local_rank``, the config (WORLD_RANK, or AUTO_RANK_MATCH among WOLRD_URLS); each but the first gives a Plan."""
 
 from __future__ import annotations
 
