@@ -10,7 +10,7 @@
   no workers.
 
 Each rule is a function of the facts it needs (a capability, a compiler lookup, a version string), so every case is
-tested on any machine; ``check_config`` gathers this machine's facts and applies them (``config.check_runtime``
+tested on any machine; ``check_config`` gathers this machine's facts and applies them (``node_checks.check_runtime``
 calls it on every node before a launch and at every trainer start).
 """
 

@@ -17,7 +17,6 @@ from trainer.config import (
     Config,
     ConfigError,
     apply_overrides,
-    check_runtime,
     config_to_dict,
     dump_config,
     load_config,
@@ -25,6 +24,7 @@ from trainer.config import (
     run_dir,
     validate_config,
 )
+from trainer.node_checks import check_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 GLUONCV = sorted((REPO / "configs" / "gluoncv").glob("*.yaml"))

@@ -18,10 +18,11 @@ import torch
 
 from tests.trainer.conftest import AV1, ffmpeg
 from tests.trainer.test_data import make_cfg, write_list
-from trainer.config import ConfigError, check_runtime, validate_config
+from trainer.config import ConfigError, validate_config
 from trainer.data import build_dataset, check_dataset, write_annotations_from_tree
 from trainer.data.decoders import BadVideo, decode_device, open_reader, read_frames, resize_frames
 from trainer.data.synthetic import render_video
+from trainer.node_checks import check_runtime
 
 WIDTH, HEIGHT, FRAMES = 64, 48, 24
 SMALLER = (40, 32)  # a decode size (NEW_WIDTH, NEW_HEIGHT) below the native one

@@ -188,10 +188,11 @@ def test_a_group_that_cannot_form_ends_the_process_within_the_timeout(tmp_path: 
     stuck = textwrap.dedent(
         """
         import logging, time
-        from trainer.distributed import _Plan, _formed_within
+        from trainer.distributed.context import Plan
+        from trainer.distributed.process_group import _formed_within
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-        plan = _Plan(node_rank=0, num_nodes=1, per_node=2, backend="gloo", dist_url="tcp://127.0.0.1:9",
-                     init_method="env://", timeout_s=2, use_cuda=False, source="torchrun")
+        plan = Plan(node_rank=0, num_nodes=1, per_node=2, backend="gloo", dist_url="tcp://127.0.0.1:9",
+                    init_method="env://", timeout_s=2, use_cuda=False, source="torchrun")
         with _formed_within(plan.context(1), plan):
             time.sleep(60)
         """
@@ -333,8 +334,8 @@ PROBE = textwrap.dedent(
     """
     import json
     from trainer.config import DDPConfig
-    from trainer.distributed import (DistributedError, _proc_addresses, interface_addresses, local_addresses,
-                                     resolve_node_rank, route_interface)
+    from trainer.distributed import DistributedError, resolve_node_rank
+    from trainer.runtime.network import _proc_addresses, interface_addresses, local_addresses, route_interface
 
     def rank(urls, world_rank=0):
         ddp = DDPConfig(AUTO_RANK_MATCH=True, WORLD_SIZE=len(urls), WOLRD_URLS=urls, DIST_URL=f"tcp://{urls[0]}:29500",

@@ -1,4 +1,4 @@
-"""Configs that fit the GPU (trainer.hardware, config.check_runtime, accel.wrap_ddp): bf16 on a GPU older than Ampere,
+"""Configs that fit the GPU (trainer.hardware, node_checks, accel.wrap_ddp): bf16 on a GPU older than Ampere,
 COMPILE on a node without a compiler or Python.h, DECODER_DEVICE cuda with a CPU-only torchcodec are each refused in
 one line naming the GPU or the fix; DDP is not built with static_graph for a compiled model. The rules take their
 facts (a capability, a compiler lookup, a version) as arguments, so every GPU case is checked on this CPU machine;
@@ -21,9 +21,10 @@ from torch import nn
 
 from tests.trainer.test_distributed import free_port
 from trainer.accel import autocast_dtype, ddp_module, grad_scaler, uses_grad_scaler, wrap_ddp
-from trainer.config import ConfigError, check_runtime, validate_config
+from trainer.config import ConfigError, validate_config
 from trainer.distributed import DistContext
 from trainer.hardware import Gpu, amp_problem, compile_problem, decoder_device_problem
+from trainer.node_checks import check_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", (7, 0))

@@ -21,7 +21,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from tests.trainer.test_config import leaves, typed
 from tests.trainer.test_train import free_port
-from trainer.config import Config, ConfigError, _schema_keys, _Section, config_to_dict, load_config, parse_yaml
+from trainer.config import Config, ConfigError, config_to_dict, load_config, parse_yaml
+from trainer.config.messages import _schema_keys
+from trainer.config.section import _Section
 from trainer.distributed import launch, single_process_context
 from trainer.model_setup import (
     FrozenStatsBatchNorm,

@@ -20,6 +20,7 @@
 | node | the node's trainer, one attempt at a time: start, watch (exit status, heartbeats), stop |
 | wire | the watch's protocol: authenticated, bounded JSON lines over TCP |
 | procs | the job's processes, found by their environment |
+| network | this host's interfaces and addresses (the one reader of `ip -j addr`), and which one routes where |
 | nodestate | the node's state file, stop requests, the node's state for training-status.yml |
 | report | the job in words, for the controller |
 | log | the supervisor's lines, and saying a thing once |

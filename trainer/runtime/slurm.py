@@ -65,6 +65,7 @@ from trainer.runtime import layout, nodestate, report, schema
 from trainer.runtime.__main__ import keep_secret
 from trainer.runtime.contract import JOB_DIR_ENV
 from trainer.runtime.hub import new_record
+from trainer.runtime.network import interface_holding
 from trainer.runtime.node import free_port
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import Cause, End, EndState, JobRecord, Phase, RecordError
@@ -176,10 +177,8 @@ def node_address(name: str) -> str:
 
 
 def interface_of(ip: str) -> str:
-    """The interface that holds ``ip`` on this node (``ip -j addr show``), '' when none does."""
-    links = json.loads(run(["ip", "-j", "addr", "show"]) or "[]")
-    return next((link["ifname"] for link in links for info in link.get("addr_info", [])
-                 if info.get("local") and ipaddress.ip_address(info["local"]) == ipaddress.ip_address(ip)), "")
+    """The interface that holds ``ip`` on this node (network.interface_holding), '' when none does."""
+    return interface_holding(ip) or ""
 
 
 def facts(iface: str) -> dict[str, Any]:

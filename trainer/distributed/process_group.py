@@ -1,0 +1,124 @@
+"""Join the process group (bounded by TIMEOUT_SECONDS), leave it, abort it, and join the next attempt's."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _abort_process_group
+
+from trainer.config import Config
+from trainer.distributed.context import DistContext, PeerError, Plan
+from trainer.distributed.ranks import node_plan, runtime_cfg
+from trainer.errors import first_line
+from trainer.numa import bind_to_gpu
+from trainer.runtime.channel import ProcState
+from trainer.timeline import PROCESS
+
+log = logging.getLogger(__name__)
+
+# A process group that has not formed TIMEOUT_SECONDS + this long after it began to ends its process (_formed_within).
+_FORMING_GRACE_S = 5.0
+
+
+def _attempt_store(plan: Plan) -> dist.Store | None:
+    """Under torchrun, the store its agent keeps for the workers outlives a restart, and with it every key the last
+    attempt's workers wrote, gloo's peer addresses among them: a restarted rank could read a dead peer's address and
+    wait on it. Each attempt gets a namespace of its own (torchrun's restart count). None: the rendezvous is fresh
+    for every attempt (a store rank 0 hosts), init_method as planned."""
+    env = os.environ
+    if plan.source != "torchrun" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=plan.timeout_s))
+    attempt = f"{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(f"vidcluster/attempt/{attempt}", store)
+
+
+@contextlib.contextmanager
+def _formed_within(ctx: DistContext, plan: Plan) -> Iterator[None]:
+    """The process group forms within TIMEOUT_SECONDS, or this process ends with status 1 (a restart may help) a few
+    seconds later. Gloo bounds most of its connect by that timeout, and then raises (a PeerError here), but not all of
+    it (a pair whose peer died while connecting can wait forever), and a wait in native code raises nothing: the
+    watch thread ends the process instead, after the grace that lets the timeout's own error come first."""
+
+    def give_up() -> None:
+        log.error("rank %d of %d: the process group did not form within %ds at %s (DDP_CONFIG.TIMEOUT_SECONDS); "
+                  "ending this process so that the launcher can start it again", ctx.rank, ctx.world_size,
+                  plan.timeout_s, plan.dist_url)
+        logging.shutdown()
+        os._exit(PeerError.exit_status)
+
+    watch = threading.Timer(plan.timeout_s + _FORMING_GRACE_S, give_up)
+    watch.daemon = True
+    watch.start()
+    try:
+        yield
+    finally:
+        watch.cancel()
+
+
+def init_group(ctx: DistContext, plan: Plan) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+        # Before any loader worker starts: they inherit the CPUs of their GPU's socket (trainer.numa).
+        log.info("rank %d: %s", ctx.rank, bind_to_gpu(ctx.device.index))
+    try:
+        with _formed_within(ctx, plan):
+            store = _attempt_store(plan)
+            dist.init_process_group(
+                backend=plan.backend,
+                init_method=None if store is not None else plan.init_method,
+                store=store,
+                world_size=ctx.world_size,
+                rank=ctx.rank,
+                timeout=datetime.timedelta(seconds=plan.timeout_s),
+            )
+            dist.barrier()  # everyone has really arrived before any work starts
+        PROCESS.mark("group")
+    except dist.DistError as exc:  # store/network/backend errors: a peer or the rendezvous host is missing
+        raise PeerError(
+            f"rank {ctx.rank} of {ctx.world_size}: peers did not all meet at the rendezvous {plan.dist_url} within "
+            f"{plan.timeout_s}s ({first_line(exc)}); check that every node was started, that the rank-0 node listens "
+            "on that address and port, and that the firewall lets the nodes reach it"
+        ) from exc
+
+
+def leave_group() -> None:
+    """Tear down this process's process groups (its job's and any other), if it has any."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+_ABORTING = threading.Lock()  # the main thread parks while the restart-in-place watch may abort (trainer.inplace)
+
+
+def abort_groups() -> None:
+    """Abort this process's process groups, if it has any, when its peers may be gone: torch 2.14's
+    destroy_process_group shuts nccl down gracefully, which waits on a dead peer (pytorch#141510); an abort does not
+    wait, and a collective another thread waits in fails. On gloo the abort only drops the groups (a collective in
+    flight fails when its dead peer's connection closes, not before), and is as quick."""
+    with _ABORTING:
+        if dist.is_initialized():
+            _abort_process_group()
+
+
+def rejoin(ctx: DistContext, cfg: Config, rank: int, rendezvous: str, world_urls: list[str]
+           ) -> tuple[DistContext, Config]:
+    """This worker, its old group torn down, in the job's next attempt (restart in place: trainer.inplace): node
+    rank ``rank`` at ``rendezvous`` among ``world_urls``, its local index kept; its group formed, and its config as a
+    process started for that attempt would see it."""
+    ddp = cfg.DDP_CONFIG.model_copy(update={"AUTO_RANK_MATCH": False, "WORLD_RANK": rank, "DIST_URL": rendezvous,
+                                            "WOLRD_URLS": list(world_urls)})
+    attempt_cfg = cfg.model_copy(update={"DDP_CONFIG": ddp})
+    plan = node_plan(attempt_cfg)
+    moved = plan.context(ctx.local_rank)
+    PROCESS.set(ProcState.TRAINING, moved.rank)
+    init_group(moved, plan)
+    return moved, runtime_cfg(attempt_cfg, moved, plan.from_env)
