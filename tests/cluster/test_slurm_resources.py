@@ -15,7 +15,8 @@ import pytest
 from tests.cluster.conftest import REPO, load_file
 from tests.runtime.test_plan import job, plans
 from tests.runtime.test_slurm import HOMES
-from trainer.runtime.slurm import batch_script, step_cpus
+from trainer.runtime.slurm import step_cpus
+from trainer.runtime.slurmlogin import batch_script
 
 contract = load_file(REPO / "roles" / "cluster_inventory" / "filter_plugins" / "cluster_inventory.py")
 SAMPLE = REPO / "inventory" / "sample-slurm" / "hosts.yml"
