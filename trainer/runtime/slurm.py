@@ -2,9 +2,10 @@
 
 On a Slurm site (vidcluster_scheduler: slurm) launch-training.yml reaches only the login host. It ships the trainer
 code into the shared home, has the trainer's renderer check the config, and writes into the login host's folder of
-the job (``<jobs_dir>/<job>/<login host>/``, the files below) the job's description without its nodes, the
-experiment config and the watch's key; then ``slurm-submit`` writes the batch script and submits it. The controller
-cannot know which nodes Slurm will give: everything that depends on them is decided inside the allocation.
+the job (``<jobs_dir>/<job>/<login host>/``: trainer.runtime.slurmjob lists its files) the job's description without
+its nodes, the experiment config and the watch's key; then ``slurm-submit`` writes the batch script and submits it.
+The controller cannot know which nodes Slurm will give: everything that depends on them is decided inside the
+allocation.
 
     slurm-batch   (the batch script, on the allocation's first node) learns the allocation (``scontrol show
                   hostnames``; a first step, one task per node, says each node's address, interface, GPUs and home),
@@ -32,15 +33,14 @@ alone); the batch step then asks every supervisor to stop as a user's stop does,
 same step, and requeues the job once the step has ended. A requeue after the time limit does not count as a restart;
 one after a lost node does (``max_restarts``).
 
-The login host's folder of the job, and the batch step's account in it: trainer.runtime.slurmjob; the login host's
-verbs: trainer.runtime.slurmlogin.
+The batch step's decision once the members' step ended: trainer.runtime.requeue; its account of the job:
+trainer.runtime.slurmjob; the login host's verbs: trainer.runtime.slurmlogin.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
 import json
 import os
@@ -68,11 +68,7 @@ from trainer.runtime.slurmjob import (
     EXPERIMENT_FILE,
     RENDER_DIR,
     Account,
-    Action,
     Allocation,
-    Ended,
-    Next,
-    Outcome,
     SlurmError,
     continued,
     fresh_account,
@@ -260,15 +256,12 @@ class Batch:
     def end(self, state: EndState, reason: str) -> int:
         """The job's end stands: the batch step's exit status (1 when it failed)."""
         say(f"the job {state}: {reason}")
-        now = time.time()
-        self.keep(dataclasses.replace(self.account, outcome=Outcome(state, reason, now)).ending_last(
-            Ended(now, Action(state.value), reason)))
+        self.keep(self.account.ended(state, reason, time.time()))
         return 1 if state == EndState.FAILED else 0
 
     def requeue(self, decided: Requeue, record: JobRecord | None) -> int:
         why = decided.cause.reason
-        self.keep(dataclasses.replace(self.account, next=Next(record, decided.cause, decided.counted)).ending_last(
-            Ended(time.time(), Action.REQUEUE, why)))
+        self.keep(self.account.requeued(decided, record, time.time()))
         say(f"requeueing Slurm job {self.slurm_job}: {why}")
         try:
             run(["scontrol", "requeue", self.slurm_job])
@@ -293,9 +286,7 @@ class Batch:
         best = report.freshest(self.states(last.members))
         lost = requeue.host_lost(last.batch_host, last.started_at, (best.get("progress") or {}).get("step"),
                                  time.time())
-        previous = report.record_of(best) or self.account.record
-        self.account = dataclasses.replace(self.account, next=Next(previous, lost.cause, lost.counted)).ending_last(
-            Ended(time.time(), Action.REQUEUE, lost.cause.reason))
+        self.account = self.account.requeued(lost, report.record_of(best) or self.account.record, time.time())
 
     def decide(self, record: JobRecord, step: int | None, max_restarts: int) -> Requeue | End:
         return requeue.decide(record=record, step=step, time_limit=self.time_limit, cancelled=self.cancelled,
@@ -309,8 +300,7 @@ class Batch:
         names = self.nodes()
         say(f"Slurm job {self.slurm_job} (run {self.restart + 1}) on {', '.join(names)}: {self.trainers} train, "
             f"{len(names) - self.trainers} spare")
-        allocation = Allocation(self.restart, self.me, tuple(names), time.time(), None)
-        self.keep(dataclasses.replace(self.account, outcome=None, allocations=(*self.account.allocations, allocation)))
+        self.keep(self.account.started(Allocation(self.restart, self.me, tuple(names), time.time(), None)))
         if len(names) < self.trainers:
             return self.end(EndState.FAILED, f"the allocation has {len(names)} nodes, the job trains on "
                             f"{self.trainers}")
@@ -321,7 +311,7 @@ class Batch:
         self.place(out_dir, names)
         plan = NodePlan.read(str(out_dir / f"{names[0]}.plan.json"))
         record = continued(plan, self.account.next, time.time())
-        self.keep(dataclasses.replace(self.account, record=record, next=None))
+        self.keep(self.account.continuing(record))
         if self.time_limit is not None:  # it came before the trainers could start: nothing to checkpoint
             return self.carry_out(self.decide(record, None, plan.restarts.max_restarts), record)
         say(f"attempt {record.attempt}: starting every node's supervisor")

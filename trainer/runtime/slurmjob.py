@@ -27,6 +27,7 @@ from trainer.runtime import nodestate, schema
 from trainer.runtime.hub import new_record
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import Cause, EndState, JobRecord, RecordError
+from trainer.runtime.requeue import Requeue
 
 DESCRIPTION_FILE = "launch.json"
 EXPERIMENT_FILE = "experiment.yaml"
@@ -117,8 +118,25 @@ class Account:
     next: Next | None  # set when the job is requeued
     outcome: Outcome | None  # set when the job's end stands
 
-    def ending_last(self, ended: Ended) -> Account:
-        """The account with the latest allocation ended so."""
+    def started(self, allocation: Allocation) -> Account:
+        """A new allocation of the job runs: it has no outcome yet."""
+        return dataclasses.replace(self, allocations=(*self.allocations, allocation), outcome=None)
+
+    def continuing(self, record: JobRecord) -> Account:
+        """The allocation continues the job with ``record`` (``continued``'s)."""
+        return dataclasses.replace(self, record=record, next=None)
+
+    def ended(self, state: EndState, reason: str, at: float) -> Account:
+        """The job's end stands, and so does the latest allocation's."""
+        return dataclasses.replace(self, outcome=Outcome(state, reason, at))._ending_last(
+            Ended(at, Action(state.value), reason))
+
+    def requeued(self, decided: Requeue, previous: JobRecord | None, at: float) -> Account:
+        """The latest allocation ended with ``decided``: the next one continues from ``previous``."""
+        return dataclasses.replace(self, next=Next(previous, decided.cause, decided.counted))._ending_last(
+            Ended(at, Action.REQUEUE, decided.cause.reason))
+
+    def _ending_last(self, ended: Ended) -> Account:
         *before, last = self.allocations
         return dataclasses.replace(self, allocations=(*before, dataclasses.replace(last, ended=ended)))
 
