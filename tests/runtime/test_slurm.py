@@ -1,9 +1,11 @@
-"""trainer/runtime/slurm.py's decisions, alone: the record an allocation continues from, when Slurm must requeue a
-job (and whether that counts as a restart), and the batch script. The whole thing runs on a local Slurm cluster in
-tests/cluster/test_slurm.py (the slow lane)."""
+"""The Slurm batch step's decisions, alone: the record an allocation continues from (trainer/runtime/slurmjob.py),
+when Slurm must requeue a job and whether that counts as a restart (trainer/runtime/requeue.py), the status while
+the job is in Slurm's hands and the batch script (trainer/runtime/slurmlogin.py). The whole thing runs on a local
+Slurm cluster in tests/cluster/test_slurm.py (the slow lane)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -12,43 +14,57 @@ from typing import Any
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import layout
+from trainer.runtime import layout, schema
 from trainer.runtime.hub import new_record
 from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, Phase
-from trainer.runtime.slurm import ACCOUNT_FILE, Batch, SlurmError, batch_script, cause, continued, judged, requeue_cause
+from trainer.runtime.requeue import Requeue, TimeLimit, cause, decide
+from trainer.runtime.slurm import Batch
+from trainer.runtime.slurmjob import ACCOUNT_FILE, Next, SlurmError, continued
+from trainer.runtime.slurmlogin import Outcome, Queue, batch_script, judged
 
 HOMES = ["/home/u"] * 3
 
 
-def ended(state: str, kind: str, restarts: int = 0, node: str = "n1") -> dict[str, Any]:
-    """A record (as state.json holds it) whose attempt ended ``state``, its first failure of ``kind`` on ``node``,
-    named 4 s after it, after rank 0 reported step 37."""
+def ended(state: str, kind: str, restarts: int = 0, node: str = "n1") -> JobRecord:
+    """A record whose attempt ended ``state``, its first failure of ``kind`` on ``node``, named 4 s after it, after
+    rank 0 reported step 37."""
     first = Failure(node, Kind(kind), f"{node} went {kind}", 1000.0)
-    record = new_record(plans(job(HOMES))["n0"], 900.0).changed(
+    return new_record(plans(job(HOMES))["n0"], 900.0).changed(
         restarts=restarts, detected_at=1004.0, failed_step=37, end=End(EndState(state), "why", first))
-    return record.to_json()
+
+
+def requeue_cause(record: JobRecord, progress: dict[str, Any], time_limit: TimeLimit | None, batch_host: str,
+                  max_restarts: int) -> tuple[dict[str, Any], bool] | None:
+    """The batch step's decision after its step (no cancel), as (the cause as slurm.json holds it, counted) for a
+    requeue, None when the end on record stands."""
+    decided = decide(record=record, step=progress.get("step"), time_limit=time_limit, cancelled=False,
+                     batch_host=batch_host, slurm_job="77", max_restarts=max_restarts, now=time.time())
+    if isinstance(decided, Requeue):
+        return schema.dump(decided.cause), decided.counted
+    assert decided == record.end  # the end on record stands, as it is
+    return None
 
 
 def test_an_allocation_continues_the_record_of_the_one_before() -> None:
     first = plans(job(HOMES))["n0"]
     assert continued(first, None, 5.0) == new_record(first, 5.0)  # the launch's attempt 0
     launched = new_record(first, 900.0)
-    before = launched.changed(attempt=2, restarts=1, attempts=(*launched.attempts,) * 3).to_json()
-    why = cause("n1", "lost", "n1 went lost", 1000.0, 37, 1004.0)
+    before = launched.changed(attempt=2, restarts=1, attempts=(*launched.attempts,) * 3)
+    why = cause("n1", Kind.LOST, "n1 went lost", 1000.0, 37, 1004.0)
     # The next allocation has other nodes: its ranks and rendezvous, the earlier attempts and restarts carried on.
     after = plans(job(["/home/u"] * 2, net="10.9.7"))["n0"]
-    record = continued(after, {"previous": before, "cause": why, "counted": True}, 2000.0)
+    record = continued(after, Next(before, why, True), 2000.0)
     assert (record.attempt, record.restarts, record.phase, record.end) == (3, 2, Phase.RUNNING, None)
-    assert record.attempts[:3] == JobRecord.read(before).attempts
+    assert record.attempts[:3] == before.attempts
     assert record.attempts[3].attempt == 3 and record.attempts[3].cause is not None
     assert (record.attempts[3].cause.node, record.attempts[3].cause.kind, record.attempts[3].cause.detect_s) == (
         "n1", Kind.LOST, 4.0)
     assert record.rendezvous.startswith("tcp://10.9.7.10:") and record.lost == {}
-    assert continued(after, {"previous": before, "cause": why, "counted": False}, 2000.0).restarts == 1
+    assert continued(after, Next(before, why, False), 2000.0).restarts == 1
 
 
 def test_only_what_the_allocation_cannot_fix_is_requeued() -> None:
-    signal = {"at": 990.0, "reason": "the time limit is near"}
+    signal = TimeLimit(990.0, "the time limit is near")
     progress = {"step": 40}
     # The time limit: the job stopped at the agreed step; a requeue that does not count as a restart.
     why, counted = requeue_cause(ended("stopped", "stopped"), progress, signal, "n0", 3) or ({}, None)
@@ -62,7 +78,8 @@ def test_only_what_the_allocation_cannot_fix_is_requeued() -> None:
     assert requeue_cause(ended("finished", "lost"), progress, signal, "n0", 3) is None
     assert requeue_cause(ended("stopped", "stopped"), progress, None, "n0", 3) is None
     # A step that ended without an end on record (its supervisors killed): counted.
-    why, counted = requeue_cause({"restarts": 0}, progress, None, "n0", 3) or ({}, None)
+    unended = new_record(plans(job(HOMES))["n0"], 900.0)
+    why, counted = requeue_cause(unended, progress, None, "n0", 3) or ({}, None)
     assert (why["node"], why["kind"], counted) == ("n0", "lost", True) and why["at"] <= time.time()
 
 
@@ -91,26 +108,26 @@ def test_an_allocation_that_ended_without_a_word_lost_its_batch_host_and_that_co
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     batch = Batch(str(login), {"trainers": 2})
     batch.previous_allocation_lost()
-    assert batch.account["allocations"][0]["ended"]["action"] == "requeue"
-    record = continued(plans(job(HOMES))["n1"], batch.account["next"], 2000.0)
+    assert batch.account.to_json()["allocations"][0]["ended"]["action"] == "requeue"
+    record = continued(plans(job(HOMES))["n1"], batch.account.next, 2000.0)
     assert (record.attempt, record.restarts, record.phase) == (3, 2, Phase.RUNNING)
     why = record.attempts[3].cause
     assert why is not None and (why.node, why.kind, why.at, why.failed_step) == ("n0", Kind.LOST, 950.0, 37)
     batch.previous_allocation_lost()  # an allocation that has ended is not lost again
-    assert continued(first, batch.account["next"], 2000.0).restarts == 2
+    assert continued(first, batch.account.next, 2000.0).restarts == 2
 
 
 def test_the_status_after_the_end_on_record_waits_for_the_batch_steps_decision_and_nothing_trains() -> None:
     launched = new_record(plans(job(HOMES))["n0"], 900.0)
-    running = {"job_id": "77", "state": "RUNNING", "reason": "None"}
+    running = Queue(job_id="77", state="RUNNING", reason="None", nodes="", run_time="", time_limit="", restarts=0)
     assert judged(launched, launched, None, None, running, "77") == ("running", launched, True)
-    done = JobRecord.read(ended("failed", "lost"))  # its end on record: a requeue may follow, or the end stands
+    done = ended("failed", "lost")  # its end on record: a requeue may follow, or the end stands
     state, record, training = judged(done, launched, None, None, running, "77")
     assert (state, training, record.phase, record.end) == ("running", False, Phase.WAITING, None)
     assert record.waiting == "the batch step's decision after the end on record (failed: why)"
-    state, record, training = judged(done, launched, None, {"state": "failed", "reason": "no spare"}, None, "77")
+    state, record, training = judged(done, launched, None, Outcome(EndState("failed"), "no spare", 0.0), None, "77")
     assert (state, training, record.end) == ("failed", False, done.end)
-    state, record, training = judged(None, launched, None, None, {**running, "state": "PENDING"}, "77")
+    state, record, training = judged(None, launched, None, None, dataclasses.replace(running, state="PENDING"), "77")
     assert (state, training, record.waiting) == ("running", False, "Slurm: job 77 PENDING (None)")
 
 def test_the_batch_script_asks_slurm_for_requeue_the_signal_and_every_node() -> None:

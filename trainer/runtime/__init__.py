@@ -16,13 +16,16 @@
 | hubhost | the supervisor that hosts the hub: answers members, knows when all heard the end |
 | hub | the job's hub: every decision about the job's attempts (pure state) |
 | policy | the restart policy: end, restart (with which nodes in which ranks) or wait |
+| requeue | on a Slurm site, once the allocation's step ended: the end stands, or Slurm requeues the job (pure) |
 | verdict | failure kinds, and which node failed first |
 | node | the node's trainer, one attempt at a time: start, watch (exit status, heartbeats), stop |
 | wire | the watch's protocol: authenticated, bounded JSON lines over TCP |
 | procs | the job's processes, found by their environment |
 | network | this host's interfaces and addresses (the one reader of `ip -j addr`), and which one routes where |
-| nodestate | the node's state file, stop requests, the node's state for training-status.yml |
+| nodestate | the node's state file, stop requests, the watch's key, the node's state for training-status.yml |
 | report | the job in words, for the controller |
 | log | the supervisor's lines, and saying a thing once |
-| slurm | a job inside a Slurm allocation (batch step, facts, members), and the login host's verbs |
+| slurm | a job inside a Slurm allocation (batch step, facts, members), and the slurm-VERBs |
+| slurmjob | a Slurm job's folder on the login host, the batch step's typed account, Slurm's commands |
+| slurmlogin | a Slurm job from the login host: its batch script and sbatch, status, wait, stop |
 """

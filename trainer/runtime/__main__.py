@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, procs, report, wire
+from trainer.runtime import layout, nodestate, procs, report
 from trainer.runtime.contract import JOB_DIR_ENV
 from trainer.runtime.plan import NodePlan, PlanError
 
@@ -61,21 +61,6 @@ def start(job_dir: str, hub: str | None) -> dict[str, Any]:
         time.sleep(0.05)
     tail = "; ".join(nodestate.log_tail(job_dir, 5))
     raise SystemExit(f"error: the supervisor did not start (exit status {proc.poll()}): {tail}")
-
-
-def keep_secret(job_dir: str, secret: bytes) -> dict[str, Any]:
-    """Write the watch's key: a new file made 0600 by the call that creates it, then renamed over the old one."""
-    try:
-        wire.Keyring(secret)  # refuses a key too short to be one
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    path = Path(job_dir) / layout.SECRET_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(secret + b"\n")
-    os.replace(tmp, path)
-    return {"changed": True}
 
 
 def wait(job_dir: str, seconds: float, since: str) -> dict[str, Any]:
@@ -150,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.verb == "wait":
         result = wait(job_dir, args.seconds, args.since)
     elif args.verb == "keep-secret":
-        result = keep_secret(job_dir, sys.stdin.buffer.read().strip())
+        result = nodestate.keep_secret(job_dir, sys.stdin.buffer.read().strip())
     else:
         result = stop(job_dir, args.grace if args.grace is not None else planned_grace(job_dir), args.by, args.reason)
     print(json.dumps(result))

@@ -21,7 +21,7 @@ that share a home directory never share a file. Each file has one writer:
     weights-table.json  the launch   the site's table of weights (VIDCLUSTER_WEIGHTS_TABLE), when there is one
     trainer-code.tar.gz  the launch  a code version on its way into <code_root>/<version> (deleted once unpacked)
 
-On a Slurm site the login host has a folder of the job too, with the job's Slurm files (trainer.runtime.slurm).
+On a Slurm site the login host has a folder of the job too, with the job's Slurm files (trainer.runtime.slurmjob).
 
 The trainer writes the run directory (the config's LOG.BASE_PATH/EXP_NAME; its files are named in
 trainer.runtime.contract) and the checkpoints (LOG.SAVE_DIR). The trainer code lives in

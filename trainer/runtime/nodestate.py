@@ -1,5 +1,6 @@
 """The node's record of a job (state.json, written by its supervisor alone), a user's stop request (stop.request,
-written by the stop verb alone), and the node's state as ``training-status.yml`` shows it.
+written by the stop verb alone), the watch's key (secret: the keep-secret verb, or the Slurm batch step, writes it),
+and the node's state as ``training-status.yml`` shows it.
 
 Node states: none (never started here), running (its supervisor is up), finished, failed or stopped (how the job
 ended, as this node heard it from the hub), killed (its supervisor is gone without hearing an end: killed, or the
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, procs
+from trainer.runtime import layout, procs, wire
 from trainer.runtime.messages import Mode, NodeState
 from trainer.runtime.schema import SchemaError, dump
 
@@ -49,6 +50,21 @@ def log_tail(job_dir: str, lines: int = TAIL_LINES) -> list[str]:
         return []
     # A progress bar rewrites its line with carriage returns; keep what the last rewrite shows.
     return [line.rsplit("\r", 1)[-1] for line in text.splitlines()[-lines:]]
+
+
+def keep_secret(job_dir: str, secret: bytes) -> dict[str, Any]:
+    """Write the watch's key: a new file made 0600 by the call that creates it, then renamed over the old one."""
+    try:
+        wire.Keyring(secret)  # refuses a key too short to be one
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    path = Path(job_dir) / layout.SECRET_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(secret + b"\n")
+    os.replace(tmp, path)
+    return {"changed": True}
 
 
 def request_stop(job_dir: str, pid: int, by: str, reason: str) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: the launcher asks the trainer
-from trainer.runtime import report, slurm
+from trainer.runtime import report, slurmjob
 
-# The launch's files in the login host's folder of the job, as trainer/runtime/slurm.py names them.
-FILES = {"description": slurm.DESCRIPTION_FILE, "experiment": slurm.EXPERIMENT_FILE}
+# The launch's files in the login host's folder of the job, as trainer/runtime/slurmjob.py names them.
+FILES = {"description": slurmjob.DESCRIPTION_FILE, "experiment": slurmjob.EXPERIMENT_FILE}
 
 
 def queue_line(status: Mapping[str, Any]) -> str:
