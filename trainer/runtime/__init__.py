@@ -19,6 +19,7 @@
 | requeue | on a Slurm site, once the allocation's step ended: the end stands, or Slurm requeues the job (pure) |
 | verdict | failure kinds, and which node failed first |
 | node | the node's trainer, one attempt at a time: start, watch (exit status, heartbeats), stop |
+| beats | what the training processes' heartbeats say: who froze, where each rank is, their effort |
 | wire | the watch's protocol: authenticated, bounded JSON lines over TCP |
 | procs | the job's processes, found by their environment |
 | network | this host's interfaces and addresses (the one reader of `ip -j addr`), and which one routes where |

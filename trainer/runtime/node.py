@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.runtime import channel, layout, procs
+from trainer.runtime.beats import Heartbeats
 from trainer.runtime.channel import PHASES, Join, Notice, ProcessReport, ProcState, Who
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
@@ -52,17 +53,16 @@ from trainer.runtime.contract import (
     PARENT_ENV,
     STANDBY_ENV,
     TRAINER_ENV,
-    WHERE_SUFFIX,
     flight_dump,
     nccl_env,
     thread_budget,
 )
-from trainer.runtime.messages import IDLE, UNJUDGED, RankProgress, Trainer, TrainerState, Trouble, Where
+from trainer.runtime.messages import IDLE, RankProgress, Trainer, TrainerState, Trouble
 from trainer.runtime.nodestate import read_json
-from trainer.runtime.pace import Beat, Pace, node_effort, read_beat
+from trainer.runtime.pace import Pace
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import JobRecord, Kind, NodeTimeline, Phase, Start
-from trainer.runtime.schema import JsonObject, SchemaError, parse
+from trainer.runtime.schema import JsonObject
 from trainer.runtime.verdict import exit_failure
 
 PROGRESS_LIMIT = 16 * 1024  # bytes of rank 0's status.json a report carries whole (the watch's lines are bounded)
@@ -122,6 +122,7 @@ class Node:
         self.job_over = False  # the record says the job has ended
         self.reports: list[ProcessReport] = []  # the trainer's processes about themselves, as of the last poll
         self.reached: dict[str, float] = {}  # phase -> when every process of the current attempt had reached it
+        self.heartbeats = Heartbeats(self.job_dir, self.timings)  # what its training processes' heartbeats say
         self.wake_fd = channel.wake_reader(channel.make_folder(self.channel))  # a trainer's report wakes the tick
 
     @property
@@ -321,7 +322,7 @@ class Node:
             self.stop_deadline = time.monotonic()
             self._kill_trainer()
             return
-        frozen = self._frozen()
+        frozen = self.heartbeats.frozen()
         if frozen is not None and self.trouble is None and self.trainer.attempt is not None:
             pid, age = frozen
             reason = f"its trainer (pid {pid}) is frozen: no heartbeat for {age:.0f} s"
@@ -357,50 +358,14 @@ class Node:
         mine = self._mine()
         return len(mine) >= self.plan.workers and all(r.state == ProcState.PARKED for r in mine)
 
-    def _frozen(self) -> tuple[int, float] | None:
-        """(pid, seconds) of a live training process whose heartbeat is older than the heartbeat timeout."""
-        for pid, beat in self._beats():
-            age = time.monotonic() - beat.at
-            if age > self.timings.loss and Path(f"/proc/{pid}").exists():
-                return pid, age
-        return None
-
     def ranks(self) -> tuple[RankProgress, ...]:
-        """Where each rank of the running attempt is (its heartbeat's ``Where``), in seconds before now; none while
-        one rank cannot say (its beats stopped coming: it is frozen, not hung, and this node names it when its
-        heartbeat times out; or its first ``Where`` is not written yet): the hub judges every rank or none."""
-        if not self.running:
-            return ()
-        folder, now = Path(self.job_dir) / layout.HEARTBEAT_DIR, time.monotonic()
-        ranks = []
-        for report in self._mine():
-            beat = read_beat(folder / str(report.pid))
-            if beat is None or now - beat.at > 2 * self.timings.report_every:
-                return ()
-            try:
-                where = parse(Where, json.loads((folder / f"{report.pid}{WHERE_SUFFIX}").read_text()), "where")
-            except (OSError, ValueError, SchemaError):  # not written yet, or being written
-                return ()
-            assert report.rank is not None
-            ranks.append(RankProgress(rank=report.rank, step=where.step, phase=where.phase,
-                                      phase_s=round(now - where.since, 2), stalled_s=round(now - where.step_at, 2),
-                                      step_s=where.step_s))
-        return tuple(ranks)
+        """Where each rank of the running attempt is (trainer.runtime.beats.Heartbeats.ranks: every rank or none)."""
+        return self.heartbeats.ranks(self._mine()) if self.running else ()
 
     def stalled(self) -> bool:
-        """A rank of the running attempt whose step has stalled for the watch's ``stall_report`` in a phase a step is
-        due in: its member reports at the waiting cadence, so that a hang is judged, and heard, within moments."""
-        return any(r.phase not in UNJUDGED and r.stalled_s > self.timings.stall_report for r in self.ranks())
+        """A rank's step has stalled (Heartbeats.stalled): the member reports at the waiting cadence."""
+        return self.heartbeats.stalled(self.ranks())
 
-    def _beats(self) -> list[tuple[int, Beat]]:
-        """(pid, heartbeat) of every training process that beats here (trainer.runtime.pace.Beat)."""
-        folder = Path(self.job_dir) / layout.HEARTBEAT_DIR
-        beats = []
-        for path in folder.iterdir() if folder.is_dir() else []:
-            beat = read_beat(path) if path.name.isdigit() else None
-            if beat is not None:  # else: being written, or not a heartbeat
-                beats.append((int(path.name), beat))
-        return beats
     def _keep_standby(self) -> None:
         """A standby waits for the next attempt once the trainer has taken its first step (before that, its imports
         would slow the trainer's start), or at once on a node that trains nothing now (a spare)."""
@@ -454,8 +419,7 @@ class Node:
         after the trainer exits)."""
         attempt = self.trainer.attempt
         if self.running and attempt is not None:
-            effort = node_effort((beat.effort for _, beat in self._beats() if beat.effort is not None),
-                                 self.plan.workers)
+            effort = self.heartbeats.effort(self.plan.workers)
             if effort is not None:
                 self.last_pace = Pace(attempt=attempt, effort=effort)
         return self.last_pace if self.last_pace is not None and self.last_pace.attempt == attempt else None
