@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from trainer.runtime import goodput, layout, schema, straggler
-from trainer.runtime.messages import Report, Trainer, TrainerState
+from trainer.runtime.messages import Report, TrainerState
 from trainer.runtime.pace import PaceBook, rounded
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.policy import Action, decide
@@ -55,6 +54,7 @@ from trainer.runtime.record import (
     Phase,
     Spent,
 )
+from trainer.runtime.roster import MemberView, Roster
 from trainer.runtime.schema import JsonObject
 from trainer.runtime.verdict import exit_failure, first_failure, hung, no_consequence, words
 
@@ -82,24 +82,6 @@ def new_record(plan: NodePlan, wall: float) -> JobRecord:
     )
 
 
-@dataclass
-class MemberView:
-    """What the hub knows of a member: when it last heard from it and what it said."""
-
-    name: str
-    heard: float | None = None  # monotonic
-    report: Report | None = None
-
-    def trainer(self, attempt: int) -> Trainer | None:
-        """The member's trainer in this attempt (None when it has not run it)."""
-        if self.report is None or self.report.trainer.attempt != attempt:
-            return None
-        return self.report.trainer
-
-    def running(self) -> bool:
-        return self.report is not None and self.report.trainer.running
-
-
 class Hub:
     def __init__(self, plan: NodePlan, record: JobRecord, term: int, now: float, wall: float,
                  log: Log, lost_hub: str | None = None) -> None:
@@ -108,10 +90,10 @@ class Hub:
         self.timings = plan.timings
         self.log = log
         self.record = record
-        self.members = {m.name: MemberView(m.name) for m in plan.members}
         self.started = now  # monotonic: joining and the settling of a new hub are measured from here
         # Members join a launch's hub as their nodes start; a hub that took over waits less.
-        self.join_timeout = plan.watch.startup_timeout if lost_hub is None else self.timings.takeover_join
+        join_timeout = plan.watch.startup_timeout if lost_hub is None else self.timings.takeover_join
+        self.members = Roster(plan, now, join_timeout)
         self.failures: list[Failure] = []  # of the current attempt
         self.first_seen: float | None = None
         self.phase_since = now
@@ -178,23 +160,13 @@ class Hub:
 
     # -- what the hub knows ----------------------------------------------------------------------------------------
 
-    def quorum(self, now: float) -> tuple[int, int]:
-        """(members heard within the lease, members needed for a majority)."""
-        fresh = sum(1 for v in self.members.values()
-                    if v.name == self.plan.node or (v.heard is not None and now - v.heard <= self.timings.lease))
-        return fresh, len(self.members) // 2 + 1
-
-    def has_quorum(self, now: float) -> bool:
-        fresh, needed = self.quorum(now)
-        return fresh >= needed
-
     def first(self) -> Failure | None:
         return first_failure(self.failures)
 
     def snapshot(self, now: float, wall: float) -> JsonObject:
         """The hub's picture for watch.json and the follow: each member, the attempt's failures, the quorum, each
         node's pace, and the job's goodput so far."""
-        fresh, needed = self.quorum(now)
+        fresh, needed = self.members.quorum(now)
         paces = rounded(self.paces.paces(self.record.attempt, self.record.assignment))
         members = {}
         for name, view in self.members.items():
@@ -222,20 +194,6 @@ class Hub:
             self.failures.append(failure)
             self.log(f"{failure.node}: {failure.reason}")
 
-    def _silent(self, view: MemberView, now: float) -> str | None:
-        """Why a member counts as lost, or None."""
-        if view.heard is None:
-            if now - self.started > self.join_timeout:
-                return f"it never joined the job's watch within {self.join_timeout:.0f} s"
-            return None
-        if now - view.heard > self.timings.loss:
-            return f"it stopped answering the hub (nothing heard for {self.timings.loss:.0f} s)"
-        return None
-
-    def _last_sign(self, view: MemberView, now: float, wall: float) -> float:
-        """The wall-clock time the hub last heard the member (or started, if it never did)."""
-        return wall - (now - (view.heard if view.heard is not None else self.started))
-
     def _trained_to_the_end(self) -> bool:
         """Every node's trainer of this attempt exited 0: the job trained to the end, whatever was asked of it after
         its last step (a stop or a preemption that came too late to stop anything)."""
@@ -248,21 +206,21 @@ class Hub:
         if self._trained_to_the_end():
             self._end(EndState.FINISHED, f"attempt {attempt} trained to the end on every node", wall)
             return
-        joined = all(view.heard is not None for view in self.members.values())
-        if not self.has_quorum(now) and (joined or now - self.started > self.join_timeout):
+        if not self.members.has_quorum(now) and self.members.joined_or_late(now):
             # Nodes the hub cannot hear may be training without it: stop this attempt before they could start one.
-            fresh, needed = self.quorum(now)
+            fresh, needed = self.members.quorum(now)
             for name, view in self.members.items():
                 if name != self.plan.node and (view.heard is None or now - view.heard > self.timings.lease):
-                    self._fail(Failure(name, Kind.LOST, f"the hub cannot hear it, nor a majority of the job's members "
-                                       f"({fresh} heard, {needed} needed)", self._last_sign(view, now, wall)))
+                    why = (f"the hub cannot hear it, nor a majority of the job's members ({fresh} heard, {needed} "
+                           "needed)")
+                    self._fail(Failure(name, Kind.LOST, why, self.members.last_sign(name, now, wall)))
         for node in self.record.assignment:
             view = self.members[node]
-            lost = self._silent(view, now)
+            lost = self.members.silent(view.name, now)
             trainer = view.trainer(attempt)
             trouble = view.report.trouble if view.report is not None else None
             if lost is not None:
-                self._fail(Failure(node, Kind.LOST, lost, self._last_sign(view, now, wall)))
+                self._fail(Failure(node, Kind.LOST, lost, self.members.last_sign(view.name, now, wall)))
             elif trouble is not None and trouble.attempt == attempt:
                 self._fail(Failure(node, trouble.kind, trouble.reason, trouble.at))
             elif trainer is not None and trainer.state == TrainerState.EXITED and trainer.rc != 0:
@@ -327,7 +285,7 @@ class Hub:
 
     def _spares(self, now: float) -> list[str]:
         """Members that could take a rank in the next attempt: available, and not in this one."""
-        return [node for node in self._available(now) if node not in self.record.assignment]
+        return [node for node in self.members.available(now, self.record) if node not in self.record.assignment]
 
     # -- stopping and deciding -------------------------------------------------------------------------------------
 
@@ -351,14 +309,14 @@ class Hub:
             view = self.members[node]
             if node in lost:
                 continue
-            silent = self._silent(view, now)
+            silent = self.members.silent(view.name, now)
             if silent is None and view.running() and now > deadline:
                 silent = "it did not confirm that its trainer stopped"
             if silent is not None:
                 lost[node] = silent
                 # A node lost for good shows first as its peers' exits (their collective broke at once), and only
                 # later as silence: one silent since before the first failure is its cause, not a consequence.
-                last = self._last_sign(view, now, wall)
+                last = self.members.last_sign(view.name, now, wall)
                 if last <= named.at:
                     self._fail(Failure(node, Kind.LOST, silent, last))
             elif view.running():
@@ -381,21 +339,14 @@ class Hub:
             else:
                 self._decide(now, wall)
 
-    def _available(self, now: float) -> list[str]:
-        """Members that could join the next attempt: heard recently, not lost, not named a straggler, trainer not
-        running."""
-        return [m.name for m in self.plan.members
-                if m.name not in self.record.lost and m.name not in self.record.stragglers
-                and self._silent(self.members[m.name], now) is None
-                and self.members[m.name].heard is not None and not self.members[m.name].running()]
-
     def _decide(self, now: float, wall: float) -> None:
         record = self.record
         assert record.first_failure is not None
         decision = decide(
             first=record.first_failure, previous=record.cause,
             assignment=record.assignment, lost={n: why for n, why in record.lost.items() if n in record.assignment},
-            available=self._available(now), restarts_used=record.restarts, max_restarts=record.max_restarts,
+            available=self.members.available(now, record), restarts_used=record.restarts,
+            max_restarts=record.max_restarts,
             waited=self.wait_until is not None and now >= self.wait_until, node_wait=self.plan.restarts.node_wait,
         )
         if decision.action == Action.END:
@@ -412,7 +363,7 @@ class Hub:
 
     def _welcome_back(self, now: float) -> None:
         """Lost members heard again since they were lost, with no trainer running, may take part again."""
-        back = [n for n in self.record.lost if self._silent(self.members[n], now) is None
+        back = [n for n in self.record.lost if self.members.silent(n, now) is None
                 and (self.members[n].heard or 0.0) > self.lost_at.get(n, now) and not self.members[n].running()]
         if back:
             self.log(f"{', '.join(back)} answered again")
@@ -424,8 +375,8 @@ class Hub:
                  wall: float) -> None:
         if self.took_over and now - self.started < self.timings.takeover_wait:
             return  # a hub that took over lets the old attempt's last processes end first (trainer.runtime.timing)
-        if not self.has_quorum(now):
-            fresh, needed = self.quorum(now)
+        if not self.members.has_quorum(now):
+            fresh, needed = self.members.quorum(now)
             if self.record.phase != Phase.WAITING or "majority" not in self.record.waiting:
                 self.log(f"cannot restart yet: {fresh} of {len(self.members)} members heard, {needed} needed")
                 self.majority_until = now + self.plan.restarts.node_wait
