@@ -44,25 +44,25 @@ def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: p
 
 @pytest.mark.parametrize(("described", "said"), [
     # The case: max_restarts at the top instead of under restarts was ignored (the job kept 3 restarts).
-    ({**DESCRIBED, "max_restarts": 5}, "unknown key max_restarts (did you mean restarts?)"),
-    ({**DESCRIBED, "gpu_count": 2}, "unknown key gpu_count (known: job_id, port, nodes, spares"),
-    ({**DESCRIBED, "restart": {"max_restarts": 5}}, "unknown key restart (did you mean restarts?)"),
-    ({**DESCRIBED, "watch": {"heartbeat_timout": 5}}, "unknown key watch.heartbeat_timout "
-                                                      "(did you mean watch.heartbeat_timeout?)"),
-    (with_node(1, hmoe="/home/b"), "unknown key nodes[1].hmoe (did you mean nodes[1].home?)"),
-    ({**DESCRIBED, "port": "29500"}, "port must be an integer, not '29500'"),
-    ({**DESCRIBED, "restarts": {"max_restarts": 2.5}}, "restarts.max_restarts must be an integer, not 2.5"),
-    ({**DESCRIBED, "restarts": {"in_place": "false"}}, "restarts.in_place must be true or false, not 'false'"),
-    ({**DESCRIBED, "watch": []}, "watch must be an object, not list"),
-    ({**DESCRIBED, "watch": {"hang_factor": 1.5}}, "watch.hang_factor must be a number of 2 at least (a slower step "
-     "would be taken for a hang), not 1.5"),
-    ({**DESCRIBED, "weights_table": "yes"}, "weights_table must be true or false, not 'yes'"),
+    ({**DESCRIBED, "max_restarts": 5}, "unknown max_restarts (did you mean restarts?)"),
+    ({**DESCRIBED, "gpu_count": 2}, "unknown gpu_count (known: job_id, port, nodes, spares"),
+    ({**DESCRIBED, "restart": {"max_restarts": 5}}, "unknown restart (did you mean restarts?)"),
+    ({**DESCRIBED, "watch": {"heartbeat_timout": 5}}, "watch: unknown heartbeat_timout "
+                                                      "(did you mean heartbeat_timeout?)"),
+    (with_node(1, hmoe="/home/b"), "nodes[1]: unknown hmoe (did you mean home?)"),
+    ({**DESCRIBED, "port": "29500"}, "port: expected int, got str '29500'"),
+    ({**DESCRIBED, "restarts": {"max_restarts": 2.5}}, "restarts: max_restarts: expected int, got float '2.5'"),
+    ({**DESCRIBED, "restarts": {"in_place": "false"}}, "restarts: in_place: expected bool, got str 'false'"),
+    ({**DESCRIBED, "watch": []}, "watch: expected an object, got list"),
+    ({**DESCRIBED, "watch": {"hang_factor": 1.5}}, "watch: hang_factor 1.5 is below 2 (a slower step would be taken "
+     "for a hang)"),
+    ({**DESCRIBED, "weights_table": "yes"}, "weights_table: expected bool, got str 'yes'"),
     ({k: v for k, v in DESCRIBED.items() if k != "port"}, "missing port"),
-    (with_node(0, name="../x"), "nodes[0].name '../x': use letters, digits"),
-    (with_node(1, name="node 1"), "nodes[1].name 'node 1': use letters, digits"),
+    (with_node(0, name="../x"), "nodes[0]: name '../x': use letters, digits"),
+    (with_node(1, name="node 1"), "nodes[1]: name 'node 1': use letters, digits"),
     (with_node(1, name="n0"), "node n0 is listed more than once"),
-    (with_node(0, devices=["0"]), "nodes[0].devices must be an integer, not ['0']"),
-    ([NODES], "the description must be an object, not list"),
+    (with_node(0, devices=["0"]), "nodes[0]: devices[0]: expected int, got str '0'"),
+    ([NODES], "expected an object, got list"),
 ])  # fmt: skip
 def test_a_wrong_key_or_value_is_refused_by_name_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], described: Any, said: str) -> None:
