@@ -9,7 +9,8 @@ no copy of them::
     python -m trainer.node_config --config-file EXP.yaml --job job.json --out-dir DIR   # DIR/<node>.yaml, .plan.json
     ... | python -m trainer.node_config --config-file EXP.yaml --job - --out-dir DIR    # the job on stdin
 
-The description it rendered from is kept as ``DIR/launch.json``, so the same files can be rendered again from it.
+The description it rendered from is kept as ``DIR/launch.json`` (layout.DESCRIPTION_FILE), so the same files can be
+rendered again from it.
 The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
 experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
 "env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace}, "restarts":
@@ -367,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan: NodePlan = member.pop("plan")
         member["plan_file"] = str(_write_atomically(args.out_dir / f"{name}.plan.json", plan.to_json()))
         member["plan"] = json.loads(plan.to_json())
-    _write_atomically(args.out_dir / "launch.json", described)
+    _write_atomically(args.out_dir / layout.DESCRIPTION_FILE, described)
     print(json.dumps(rendered))
     return 0
 

@@ -52,6 +52,7 @@ HEARTBEAT_DIR = "heartbeat"
 CHANNEL_DIR = "channel"
 SITE_WEIGHTS_TABLE = "weights-table.json"
 CODE_ARCHIVE = "trainer-code.tar.gz"  # a code version on its way to the node (unpacked, then deleted)
+DESCRIPTION_FILE = "launch.json"  # the job description the plans were rendered from (trainer.node_config)
 
 DEFAULT_JOBS_DIR = "~/vidcluster/jobs"
 DEFAULT_CODE_ROOT = "~/vidcluster/code"
