@@ -51,7 +51,7 @@ from trainer.config import (
     run_dir,
     validate_config,
 )
-from trainer.runtime import contract, layout, schema
+from trainer.runtime import atomic, contract, layout, schema
 from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 from trainer.runtime.schema import JsonObject
@@ -346,13 +346,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def _write_atomically(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     try:
@@ -364,11 +357,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, member in rendered["members"].items():
-        member["config_file"] = str(_write_atomically(args.out_dir / f"{name}.yaml", member.pop("yaml")))
+        member["config_file"] = str(atomic.write(args.out_dir / f"{name}.yaml", member.pop("yaml"), atomic.SHARED))
         plan: NodePlan = member.pop("plan")
-        member["plan_file"] = str(_write_atomically(args.out_dir / f"{name}.plan.json", plan.to_json()))
+        member["plan_file"] = str(atomic.write(args.out_dir / f"{name}.plan.json", plan.to_json(), atomic.SHARED))
         member["plan"] = json.loads(plan.to_json())
-    _write_atomically(args.out_dir / layout.DESCRIPTION_FILE, described)
+    atomic.write(args.out_dir / layout.DESCRIPTION_FILE, described, atomic.SHARED)
     print(json.dumps(rendered))
     return 0
 

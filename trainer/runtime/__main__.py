@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, procs, report, wire
+from trainer.runtime import atomic, layout, nodestate, procs, report, wire
 from trainer.runtime.contract import JOB_DIR_ENV
 from trainer.runtime.plan import NodePlan, PlanError
 
@@ -69,12 +69,7 @@ def keep_secret(job_dir: str, secret: bytes) -> dict[str, Any]:
         wire.Keyring(secret)  # refuses a key too short to be one
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    path = Path(job_dir) / layout.SECRET_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(secret + b"\n")
-    os.replace(tmp, path)
+    atomic.write(Path(job_dir) / layout.SECRET_FILE, secret + b"\n", atomic.PRIVATE)
     return {"changed": True}
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, procs
+from trainer.runtime import atomic, layout, procs
 from trainer.runtime.messages import Mode, NodeState
 from trainer.runtime.schema import SchemaError, dump
 
@@ -32,11 +31,7 @@ def read_json(path: str | Path) -> dict[str, Any] | None:
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     """Readers (the controller, another verb) never see half a file: write beside it, then rename over it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle)
-    os.replace(tmp, path)
+    atomic.write(path, json.dumps(payload))
 
 
 def log_tail(job_dir: str, lines: int = TAIL_LINES) -> list[str]:

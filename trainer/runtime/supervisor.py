@@ -46,7 +46,7 @@ from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
 from trainer.runtime.listener import Listener
 from trainer.runtime.log import Once, say
-from trainer.runtime.member import Member, Outcome
+from trainer.runtime.member import Member, Outcome, until_next_report
 from trainer.runtime.messages import Mode, NodeState, NotHub, RecordReply, Reply, Report, Says, joined_with
 from trainer.runtime.node import Node
 from trainer.runtime.plan import NodePlan
@@ -222,11 +222,8 @@ class Supervisor:
 
     async def until_next_report(self) -> None:
         """A report's interval, less when this node has news or waits on the hub (see the module docstring)."""
-        waiting = not self.node.running and bool(self.node.started_attempts)
-        pause = self.timings.waiting_report if waiting else self.timings.report_every
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.news.wait(), pause)
-        self.news.clear()
+        await until_next_report(self.news, self.timings,
+                                waiting=not self.node.running and bool(self.node.started_attempts))
 
     # -- the listener's question -----------------------------------------------------------------------------------
 
