@@ -11,14 +11,25 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer.runtime import atomic, layout, procs
 from trainer.runtime.messages import Mode, NodeState
-from trainer.runtime.schema import SchemaError, dump
+from trainer.runtime.schema import SchemaError, dump, parse
 
 TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A request to stop the job here (stop.request), to the supervisor ``pid``: who asked, why, when (wall clock)."""
+
+    pid: int
+    by: str
+    reason: str
+    at: float
 
 
 def read_json(path: str | Path) -> dict[str, Any] | None:
@@ -48,12 +59,16 @@ def log_tail(job_dir: str, lines: int = TAIL_LINES) -> list[str]:
 
 def request_stop(job_dir: str, pid: int, by: str, reason: str) -> None:
     """Ask the supervisor ``pid`` to stop the job here (a request for another pid is an old one: ignored)."""
-    write_json(Path(job_dir) / layout.STOP_REQUEST_FILE, {"pid": pid, "by": by, "reason": reason, "at": time.time()})
+    write_json(Path(job_dir) / layout.STOP_REQUEST_FILE, dump(StopRequest(pid, by, reason, time.time())))
 
 
-def stop_request(job_dir: str, pid: int) -> dict[str, Any] | None:
-    request = read_json(Path(job_dir) / layout.STOP_REQUEST_FILE)
-    return request if request is not None and request.get("pid") == pid else None
+def stop_request(job_dir: str, pid: int) -> StopRequest | None:
+    """The request to the supervisor ``pid``; None when there is none (or none this runtime can read)."""
+    try:
+        request = parse(StopRequest, read_json(Path(job_dir) / layout.STOP_REQUEST_FILE), layout.STOP_REQUEST_FILE)
+    except SchemaError:
+        return None
+    return request if request.pid == pid else None
 
 
 def node_state(job_dir: str) -> NodeState | None:

@@ -118,10 +118,10 @@ class Supervisor:
     def on_signal(self, sig: int) -> None:
         request = nodestate.stop_request(self.job_dir, os.getpid())
         if request is not None:
-            say(f"stop requested by {request['by']}: {request['reason']}")
-            self.node.checkpoint_and_stop(Kind.STOPPED, f"stopped by {request['by']}: {request['reason']}")
+            say(f"stop requested by {request.by}: {request.reason}")
+            self.node.checkpoint_and_stop(Kind.STOPPED, f"stopped by {request.by}: {request.reason}")
             if not self.node.running:
-                self.finish(End(EndState.STOPPED, str(request["reason"]), None))
+                self.finish(End(EndState.STOPPED, request.reason, None))
         else:
             name = signal.Signals(sig).name
             say(f"{name}: preempted; the trainer checkpoints and stops")
