@@ -32,8 +32,8 @@ import numpy as np
 from bench.loader import interleaved_rates
 from bench.local import NEEDS_ROOT, build, inventory, playbook
 from trainer.data.decoders import ClipDecoder
-from trainer.data.prepare import Options, ffmpeg_argv
 from trainer.data.sampling import train_indices
+from trainer.data.transcode import Options, ffmpeg_argv
 
 CLIP_LEN, STRIDE, NEEDED_SHORT_SIDE = 32, 2, 320  # configs/slowfast.yaml: 256 px short side x SCALE_JITTER 1.25
 SOURCES = (("1280x720", 0), ("640x360", 1), ("1280x720", 2), ("640x360", 3))

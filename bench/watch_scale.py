@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
@@ -40,7 +39,7 @@ from pathlib import Path
 from trainer.node_config import JobSpec, render_job
 from trainer.runtime import layout, nodestate, procs, wire
 from trainer.runtime.hub import new_record
-from trainer.runtime.member import Member
+from trainer.runtime.member import Member, until_next_report
 from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, joined_with
 from trainer.runtime.plan import Member as Planned
 from trainer.runtime.plan import NodePlan
@@ -144,11 +143,8 @@ class StandIn:
     async def until_next_report(self) -> None:
         if self.silent:
             await asyncio.Event().wait()  # its connection stays open, nothing more is said (a hung node)
-        waiting = not self.trainer.running and self.trainer.attempt is not None
-        pause = self.timings.waiting_report if waiting else self.timings.report_every
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.news.wait(), pause)
-        self.news.clear()
+        await until_next_report(self.news, self.timings,
+                                waiting=not self.trainer.running and self.trainer.attempt is not None)
 
     async def follow(self, hub_addr: str) -> None:
         """Follow the hub until the job ends (a supervisor would look for another hub after the loss time; here

@@ -73,7 +73,7 @@ def test_every_command_in_the_readme_and_the_docs_is_real(commands: ModuleType) 
 def test_every_repository_path_the_docs_name_exists(commands: ModuleType, tmp_path: Path) -> None:
     assert commands.missing_paths(commands.default_pages()) == []
     page = tmp_path / "page.md"
-    page.write_text("The schema: `trainer/config/schema.py`, `trainer/configuration.py`; the demo's `inventory/hosts.yml`.\n")
+    page.write_text("The schema: `trainer/config/`, `trainer/configuration.py`; the demo's `inventory/hosts.yml`.\n")
     assert [problem.split(": ", 1)[1] for problem in commands.missing_paths([page])] == [
         "no trainer/configuration.py in the repository"
     ]

@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +48,7 @@ from trainer.config import Config
 from trainer.data.annotations import read_class_index
 from trainer.data.dataset import ClipSpec
 from trainer.distributed import DistContext, broadcast_object
+from trainer.runtime import atomic
 from trainer.runtime.contract import copy_rank
 from trainer.weights import LoadReport, WeightsFile, load_weights
 from trainer.weights.formats import read_torch_file
@@ -154,27 +153,11 @@ def _copy_into(obj: Any, buffers: dict[str, torch.Tensor], place: str) -> Any:
 
 
 def _atomic_write(write: Callable[[Path], Any], dest: Path) -> None:
-    """``write`` fills a temp file in the same directory; fsync, rename, fsync the directory: a crash never leaves half
-    a file, and the new one is on disk once this returns."""
+    """``write`` fills a new file beside ``dest`` that replaces it, synced: a crash never leaves half a file, and the
+    new one is on disk once this returns."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        _fsync(Path(tmp))
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync(dest.parent)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with atomic.replacing(dest, durable=True) as tmp:
+        write(tmp)
 
 
 def save_checkpoint(

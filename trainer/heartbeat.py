@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import schema
+from trainer.runtime import atomic, schema
 from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, WHERE_SUFFIX
 from trainer.runtime.messages import COLLECTIVE, STARTING, UNJUDGED, Where
 from trainer.runtime.pace import Beat, Effort, beat_text
@@ -100,18 +100,15 @@ def measure(source: EffortSource) -> None:
     _MEASURED.effort = source
 
 
-def _write(path: Path, tmp: Path) -> None:
-    tmp.write_text(json.dumps(schema.dump(_PROGRESS.where)))
-    os.replace(tmp, path.with_name(path.name + WHERE_SUFFIX))
-    tmp.write_text(beat_text(Beat(at=round(time.monotonic(), 3), effort=_MEASURED.effort())))
-    os.replace(tmp, path)
+def _write(path: Path) -> None:
+    atomic.write(path.with_name(path.name + WHERE_SUFFIX), json.dumps(schema.dump(_PROGRESS.where)), atomic.SHARED)
+    atomic.write(path, beat_text(Beat(at=round(time.monotonic(), 3), effort=_MEASURED.effort())), atomic.SHARED)
 
 
 def _beat(path: Path, interval: float) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
     while True:
         with contextlib.suppress(OSError):  # a full disk must not kill training; the watch will say so
-            _write(path, tmp)
+            _write(path)
         time.sleep(interval)
 
 
@@ -126,5 +123,5 @@ def start_heartbeat() -> None:
     interval = float(os.environ.get(HEARTBEAT_INTERVAL_ENV, "5"))
     atexit.register(lambda: (path.unlink(missing_ok=True),
                              path.with_name(path.name + WHERE_SUFFIX).unlink(missing_ok=True)))
-    _write(path, path.with_name(f".{path.name}.tmp"))
+    _write(path)
     threading.Thread(target=_beat, args=(path, interval), name="vidcluster-heartbeat", daemon=True).start()

@@ -9,17 +9,19 @@ no copy of them::
     python -m trainer.node_config --config-file EXP.yaml --job job.json --out-dir DIR   # DIR/<node>.yaml, .plan.json
     ... | python -m trainer.node_config --config-file EXP.yaml --job - --out-dir DIR    # the job on stdin
 
-The description it rendered from is kept as ``DIR/launch.json``, so the same files can be rendered again from it.
+The description it rendered from is kept as ``DIR/launch.json`` (layout.DESCRIPTION_FILE), so the same files can be
+rendered again from it.
 The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
 experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
-"env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace}, "restarts":
+"env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace, hang_factor}, "restarts":
 {max_restarts, node_wait, in_place}, "stragglers": {threshold, window, action, cooldown} (trainer.runtime.straggler),
 "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares": [...]}``; a node is ``{"name",
 "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0 hosts the rendezvous);
-spares train only when one replaces a lost node. The description is strict: a key it does not know (at the top or
-nested, e.g. ``watch.heartbeat_timout``), a value of the wrong kind or a node name that is not one folder name is
-refused in one line naming it. Paths in the config are made absolute for
-each node: "~" and relative paths are in that node's home.
+spares train only when one replaces a lost node. The description is read by the runtime's one schema check
+(trainer.runtime.schema, with defaults: a key left out takes its field's default): a key it does not know (at the top
+or nested, e.g. ``watch: heartbeat_timout``, with the nearest known one), a value of the wrong kind or a node name that
+is not one folder name is refused in one line naming it. Paths in the config are made absolute for each node: "~" and
+relative paths are in that node's home.
 
 Where the run goes: the config's LOG.BASE_PATH/EXP_NAME, on each node (rank 0 writes it; node rank 1 keeps a copy of
 the checkpoints). GluonCV's default EXP_NAME ``use_time`` becomes the job id, so launching the job again finds its
@@ -31,11 +33,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import difflib
 import json
 import posixpath
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,105 +52,16 @@ from trainer.config import (
     run_dir,
     validate_config,
 )
-from trainer.runtime import contract, layout
+from trainer.runtime import atomic, contract, layout, schema
 from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
-from trainer.runtime.straggler import Rules, Treatment
-from trainer.runtime.timing import DEFAULT_HANG_FACTOR, MIN_HANG_FACTOR
+from trainer.runtime.schema import JsonObject
+from trainer.runtime.straggler import Rules
+from trainer.runtime.timing import MIN_HANG_FACTOR
 
 USE_TIME = "use_time"
 DEFAULT_RUN_NAME = "run"
-WATCH_DEFAULTS = {"heartbeat_timeout": 60.0, "startup_timeout": 300.0, "stop_grace": 15.0,
-                  "hang_factor": DEFAULT_HANG_FACTOR}
-RESTART_DEFAULTS = {"max_restarts": 3, "node_wait": 300.0, "in_place": True}
-STRAGGLER_DEFAULTS = {"threshold": 0.7, "window": 300.0, "action": "auto", "cooldown": 1800.0}
-
-
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError("an integer")
-    return value
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError("a number")
-    return float(value)
-
-
-def _hang_factor(value: Any) -> float:
-    factor = _number(value)
-    if factor < MIN_HANG_FACTOR:
-        raise ValueError(f"a number of {MIN_HANG_FACTOR:g} at least (a slower step would be taken for a hang)")
-    return factor
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError("a string")
-    return value
-
-
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError("true or false")
-    return value
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise TypeError("an object")
-    return value
-
-
-def _treatment(value: Any) -> str:
-    if value not in {t.value for t in Treatment}:
-        raise ValueError(f"one of {', '.join(t.value for t in Treatment)}")
-    return str(value)
-
-
-def _straggler_rules(section: Mapping[str, Any]) -> Rules:
-    """The plan's straggler settings; a threshold or a time out of range is a ConfigError naming it."""
-    try:
-        return Rules(threshold=float(section["threshold"]), window=float(section["window"]),
-                     action=Treatment(section["action"]), cooldown=float(section["cooldown"]))
-    except ValueError as exc:
-        raise ConfigError(f"job description: {exc}") from None
-
-
-def _devices(value: Any) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise TypeError("a list of device ids or null")
-    return tuple(_integer(device) for device in value)
-
-
-def _fields(data: Any, schema: Mapping[str, Callable[[Any], Any]], where: str,
-            required: Sequence[str] = ()) -> dict[str, Any]:
-    """``data`` checked against ``schema`` (key -> converter): an unknown, misspelled or missing key, or a value of
-    the wrong kind, is a ConfigError naming it (``where``: the dotted place, "" at the top)."""
-    name = (lambda key: f"{where}.{key}") if where else str
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"job description: {where or 'the description'} must be an object, "
-                          f"not {type(data).__name__}")
-    for key in data:
-        if key not in schema:
-            close = difflib.get_close_matches(str(key), list(schema), n=1)
-            hint = f" (did you mean {name(close[0])}?)" if close else f" (known: {', '.join(schema)})"
-            raise ConfigError(f"job description: unknown key {name(key)}{hint}")
-    missing = [name(key) for key in required if key not in data]
-    if missing:
-        raise ConfigError(f"job description: missing {', '.join(missing)}")
-    checked = {}
-    for key, value in data.items():
-        try:
-            checked[key] = schema[key](value)
-        except ConfigError:
-            raise  # a nested object's own message
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"job description: {name(key)} must be {exc}, not {value!r}") from None
-    return checked
+DESCRIPTION = "job description"  # how its errors name it
 
 
 @dataclass(frozen=True)
@@ -164,36 +76,20 @@ class NodeFacts:
     iface: str = ""
     devices: tuple[int, ...] | None = None
 
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> NodeFacts:
-        schema = {"name": _text, "ip": _text, "gpus": _integer, "home": _text, "iface": _text, "devices": _devices}
-        node = cls(**_fields(data, schema, where, required=("name", "ip", "gpus", "home")))
-        if not layout.valid_job_id(node.name):  # it names a folder on every node, as a job id does
-            raise ConfigError(f"job description: {where}.name {node.name!r}: use {layout.JOB_ID_CHARS}")
-        return node
+    def __post_init__(self) -> None:
+        if not layout.valid_job_id(self.name):  # it names a folder on every node, as a job id does
+            raise ValueError(f"name {self.name!r}: use {layout.JOB_ID_CHARS}")
 
     @property
     def device_ids(self) -> tuple[int, ...]:
         return self.devices if self.devices is not None else tuple(range(self.gpus))
 
 
-def _node_list(where: str) -> Callable[[Any], tuple[NodeFacts, ...]]:
-    def convert(value: Any) -> tuple[NodeFacts, ...]:
-        if not isinstance(value, list):
-            raise TypeError("a list of nodes")
-        return tuple(NodeFacts.from_json(node, f"{where}[{index}]") for index, node in enumerate(value))
-
-    return convert
-
-
-def _section(where: str, schema: Mapping[str, Callable[[Any], Any]],
-             defaults: Mapping[str, Any]) -> Callable[[Any], dict[str, Any]]:
-    """A nested object of ``schema``'s keys, each of which may be left out (``defaults``)."""
-    return lambda value: {**defaults, **_fields(value, schema, where)}
-
-
 @dataclass(frozen=True)
 class JobSpec:
+    """The launcher's description of a job (trainer.runtime.schema with defaults: a key left out takes the default
+    below; a key it does not know, a value of the wrong kind, is refused naming it)."""
+
     job_id: str
     port: int
     nodes: tuple[NodeFacts, ...]  # rank order
@@ -201,44 +97,36 @@ class JobSpec:
     cpu_workers: int = 1
     timeout_seconds: int = 0
     resume: str = "auto"
-    overrides: Mapping[str, Any] | None = None
+    overrides: JsonObject | None = None
     jobs_dir: str = layout.DEFAULT_JOBS_DIR
     code_root: str = layout.DEFAULT_CODE_ROOT
     code_version: str = "dev"
-    env_path: str = "~/vidcluster/venv"
-    watch: Mapping[str, float] = field(default_factory=lambda: dict(WATCH_DEFAULTS))
-    restarts: Mapping[str, float] = field(default_factory=lambda: dict(RESTART_DEFAULTS))
-    stragglers: Rules = field(default_factory=lambda: _straggler_rules(STRAGGLER_DEFAULTS))
+    env_path: str = layout.DEFAULT_ENV_PATH
+    watch: Watch = field(default_factory=Watch)
+    restarts: Restarts = field(default_factory=Restarts)
+    stragglers: Rules = field(default_factory=Rules)
     omp_num_threads: int = 0
-    extra_env: Mapping[str, str] | None = None
+    extra_env: dict[str, str] | None = None
     weights_table: bool = False
+
+    def __post_init__(self) -> None:
+        if self.watch.hang_factor < MIN_HANG_FACTOR:
+            raise ValueError(f"watch: hang_factor {self.watch.hang_factor:g} is below {MIN_HANG_FACTOR:g} (a slower "
+                             "step would be taken for a hang)")
+        names = [node.name for node in self.members]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"node {', '.join(twice)} is listed more than once")
 
     @classmethod
     def from_json(cls, data: Any) -> JobSpec:
-        """The launcher's description, checked strictly: every key known, every value of its kind (ConfigError
-        naming the first that is not, nested ones by their dotted name)."""
-        schema: dict[str, Callable[[Any], Any]] = {
-            "job_id": _text, "port": _integer, "nodes": _node_list("nodes"), "spares": _node_list("spares"),
-            "cpu_workers": _integer, "timeout_seconds": _integer, "resume": _text, "overrides": _mapping,
-            "jobs_dir": _text, "code_root": _text, "code_version": _text, "env_path": _text,
-            "watch": _section("watch", {**dict.fromkeys(WATCH_DEFAULTS, _number), "hang_factor": _hang_factor},
-                              WATCH_DEFAULTS),
-            "restarts": _section("restarts", {"max_restarts": _integer, "node_wait": _number, "in_place": _flag},
-                                 RESTART_DEFAULTS),
-            "stragglers": lambda value: _straggler_rules(_section(
-                "stragglers", {"threshold": _number, "window": _number, "action": _treatment, "cooldown": _number},
-                STRAGGLER_DEFAULTS)(value)),
-            "omp_num_threads": _integer,
-            "extra_env": lambda value: {str(k): _text(v) for k, v in _mapping(value).items()},
-            "weights_table": _flag,
-        }
-        spec = cls(**_fields(data, schema, "", required=("job_id", "port", "nodes")))
-        if not layout.valid_job_id(spec.job_id):
+        """The launcher's description, checked strictly: a ConfigError naming the first fault."""
+        try:
+            spec = schema.parse(cls, data, DESCRIPTION, defaults=True)
+        except schema.SchemaError as exc:
+            raise ConfigError(str(exc)) from None
+        if not layout.valid_job_id(spec.job_id):  # said as every verb says it (trainer.runtime.layout)
             raise ConfigError(f"job id {spec.job_id!r}: use {layout.JOB_ID_CHARS}")
-        names = [node.name for node in spec.members]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:
-            raise ConfigError(f"job description: node {', '.join(twice)} is listed more than once")
         return spec
 
     @property
@@ -394,9 +282,8 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
             weights_cache=layout.node_path(contract.WEIGHTS_CACHE, node.home),
             results=tuple(posixpath.join(run, name) for name in contract.run_files(log.LOG_FILENAME)),
         ),
-        watch=Watch(**{k: float(v) for k, v in job.watch.items()}),
-        restarts=Restarts(int(job.restarts["max_restarts"]), float(job.restarts["node_wait"]),
-                          bool(job.restarts["in_place"])),
+        watch=job.watch,
+        restarts=job.restarts,
         stragglers=job.stragglers,
         data_paths=tuple(input_paths(cfg)),
     )
@@ -460,13 +347,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def _write_atomically(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     try:
@@ -478,11 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, member in rendered["members"].items():
-        member["config_file"] = str(_write_atomically(args.out_dir / f"{name}.yaml", member.pop("yaml")))
+        member["config_file"] = str(atomic.write(args.out_dir / f"{name}.yaml", member.pop("yaml"), atomic.SHARED))
         plan: NodePlan = member.pop("plan")
-        member["plan_file"] = str(_write_atomically(args.out_dir / f"{name}.plan.json", plan.to_json()))
+        member["plan_file"] = str(atomic.write(args.out_dir / f"{name}.plan.json", plan.to_json(), atomic.SHARED))
         member["plan"] = json.loads(plan.to_json())
-    _write_atomically(args.out_dir / "launch.json", described)
+    atomic.write(args.out_dir / layout.DESCRIPTION_FILE, described, atomic.SHARED)
     print(json.dumps(rendered))
     return 0
 

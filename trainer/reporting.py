@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from tqdm import tqdm
 
 from trainer.distributed import DistContext
 from trainer.errors import UserError
+from trainer.runtime import atomic
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     ATTEMPT_FIELDS,
@@ -68,22 +68,14 @@ def setup_logging(ctx: DistContext, log_file: Path | None, level: str) -> None:
         log.addHandler(to_file)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # A poller must never read half a file: write elsewhere in the same dir, then rename over.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    _write_atomic(path, json.dumps(payload))
+    atomic.write(path, json.dumps(payload))  # a poller never reads half a file
 
 
 def write_records(path: Path, records: list[dict[str, Any]]) -> None:
     """Replace a metrics.jsonl with ``records``, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, "".join(json.dumps(record) + "\n" for record in records))
+    atomic.write(path, "".join(json.dumps(record) + "\n" for record in records))
 
 
 def attempt_from_env() -> dict[str, Any] | None:

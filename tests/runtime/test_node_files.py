@@ -18,7 +18,7 @@ import pytest
 
 from tests.cluster.conftest import REPO
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import codeship, layout
+from trainer.runtime import codeship, layout, nodestate
 
 
 def runtime(*argv: str, stdin: bytes = b"", cwd: Path = REPO) -> subprocess.CompletedProcess[bytes]:
@@ -124,3 +124,12 @@ def test_the_runtime_runs_the_jobs_code_version_never_a_stray_trainer_in_the_log
         time.sleep(0.2)
     assert json.loads(status.stdout)["state"] == "finished", status.stdout
     assert not (home / "stray-ran").exists()
+
+
+def test_a_stop_request_is_read_as_a_typed_value_for_its_supervisor_only(tmp_path: Path) -> None:
+    nodestate.request_stop(str(tmp_path), 4242, "user", "enough epochs")
+    request = nodestate.stop_request(str(tmp_path), 4242)
+    assert request is not None and (request.by, request.reason) == ("user", "enough epochs")
+    assert abs(request.at - time.time()) < 60 and nodestate.stop_request(str(tmp_path), 4343) is None
+    (tmp_path / layout.STOP_REQUEST_FILE).write_text(json.dumps({"pid": 4242, "by": "user"}))  # another version's
+    assert nodestate.stop_request(str(tmp_path), 4242) is None

@@ -72,7 +72,7 @@ def test_each_beat_writes_where_beside_it(clock: Clock, tmp_path: Path, monkeypa
     monkeypatch.setenv(HEARTBEAT_DIR_ENV, str(tmp_path))
     step(clock, 0.5, 1.0)
     beat = tmp_path / "4242"
-    heartbeat._write(beat, tmp_path / ".tmp")
+    heartbeat._write(beat)
     written = schema.parse(Where, json.loads((tmp_path / f"4242{WHERE_SUFFIX}").read_text()), "where")
     assert written == where() and beat.is_file()
 

@@ -168,3 +168,11 @@ def test_a_join_carries_the_members_record_unless_it_is_the_launchs() -> None:
     assert not heard.from_launch() and joined_with(Says.JOIN, heard) == heard
     assert joined_with(Says.REPORT, heard) is None
     assert not dataclasses.replace(launch, term=1).from_launch()  # a takeover's first record
+
+
+def test_a_record_must_carry_every_field_even_one_with_a_default() -> None:
+    """What a program writes carries every field: the defaults a description may leave out are no record's."""
+    data = a_record().to_json()
+    del data["attempts"][1]["cause"]["detected_at"]
+    with pytest.raises(RecordError, match=r"record: attempts\[1\]: cause: missing detected_at$"):
+        JobRecord.read(data)

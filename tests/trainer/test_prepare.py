@@ -19,21 +19,15 @@ from tests.trainer.playlists import live_playlist
 from trainer.data.annotations import AnnotationError, read_kinetics_csv
 from trainer.data.prepare import (
     STALL_MARGIN,
-    Options,
-    PrepareError,
     fold_state,
-    lists,
     main,
-    not_listed_because,
     read_state,
-    run_tool,
-    share_out,
-    shortfall,
     stalled,
     state_text,
     still_made,
-    up_to_date,
 )
+from trainer.data.prepare_plan import lists, not_listed_because, share_out, up_to_date
+from trainer.data.transcode import Options, PrepareError, run_tool, shortfall
 
 REPO = Path(__file__).resolve().parents[2]
 

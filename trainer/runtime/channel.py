@@ -32,7 +32,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainer.runtime import schema
+from trainer.runtime import atomic, schema
 from trainer.runtime.schema import JsonObject
 
 NOTICE_FILE = "next-attempt.json"
@@ -145,12 +145,7 @@ def drain(fd: int) -> None:
 def write(path: str | Path, value: Any) -> None:
     """A dataclass of this module as JSON, replacing ``path`` in one rename (a reader never sees half a file); the
     file is its writer's alone (0600)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(schema.dump(value), handle)
-    os.replace(tmp, path)
+    atomic.write(path, json.dumps(schema.dump(value)))
 
 
 def trusted(path: Path) -> None:

@@ -72,6 +72,7 @@ CURVES_FILE = "curves.png"
 DIGEST_FILE = "weights_digest.json"
 RUN_CONFIG_FILE = "config.yaml"
 BAD_VIDEOS_FILE = "bad_videos.json"  # every video the run could not use, every rank's, with its reason
+REQUIRED_RUN_FILES = (METRICS_FILE, STATUS_FILE)  # collecting a finished run fails without them
 RUN_NAME_TIME = "%Y-%m-%d-%H-%M-%S"  # EXP_NAME use_time: the start time, as GluonCV names a run
 
 # -- ranks -----------------------------------------------------------------------------------------------------------
@@ -80,7 +81,7 @@ COPY_NODE_RANK = 1  # the node that keeps the second copy of the checkpoints and
 
 def run_files(log_filename: str) -> list[str]:
     """The run directory's files the launcher collects from the rank-0 node when a job ends, required ones first."""
-    return [METRICS_FILE, STATUS_FILE, CURVES_FILE, log_filename, DIGEST_FILE, RUN_CONFIG_FILE, BAD_VIDEOS_FILE]
+    return [*REQUIRED_RUN_FILES, CURVES_FILE, log_filename, DIGEST_FILE, RUN_CONFIG_FILE, BAD_VIDEOS_FILE]
 
 
 def run_name(when: float | None = None) -> str:

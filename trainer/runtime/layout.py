@@ -52,9 +52,11 @@ HEARTBEAT_DIR = "heartbeat"
 CHANNEL_DIR = "channel"
 SITE_WEIGHTS_TABLE = "weights-table.json"
 CODE_ARCHIVE = "trainer-code.tar.gz"  # a code version on its way to the node (unpacked, then deleted)
+DESCRIPTION_FILE = "launch.json"  # the job description the plans were rendered from (trainer.node_config)
 
 DEFAULT_JOBS_DIR = "~/vidcluster/jobs"
 DEFAULT_CODE_ROOT = "~/vidcluster/code"
+DEFAULT_ENV_PATH = "~/vidcluster/venv"  # the training environment on every node (vidcluster_env_path)
 # How every Python process of a job starts (the runtime's verbs, its supervisor, the trainer): never with the working
 # directory (an SSH login's home) first on sys.path, where a stray ~/trainer/ would run instead of the job's code.
 SAFE_PATH = ("-P",)

@@ -10,6 +10,7 @@ listeners admit members by their planned addresses (trainer.runtime.listener).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from trainer.runtime.log import Once, Say
 from trainer.runtime.messages import RecordReply, Reply, Report, Says, read_reply
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.succession import Move
+from trainer.runtime.timing import Timings
 
 
 class Local(Protocol):
@@ -39,6 +41,15 @@ class Local(Protocol):
     def is_hub(self) -> bool: ...
 
     async def until_next_report(self) -> None: ...
+
+
+async def until_next_report(news: asyncio.Event, timings: Timings, waiting: bool) -> None:
+    """A report's interval, less when the node has news (``news`` set) or waits on the hub (``waiting``: its trainer
+    stopped after an attempt started, or a rank's step stalled); ``news`` is cleared."""
+    pause = timings.waiting_report if waiting else timings.report_every
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(news.wait(), pause)
+    news.clear()
 
 
 class Outcome(StrEnum):

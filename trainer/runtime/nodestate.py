@@ -11,16 +11,26 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, procs, wire
+from trainer.runtime import atomic, layout, procs, wire
 from trainer.runtime.messages import Mode, NodeState
-from trainer.runtime.schema import SchemaError, dump
+from trainer.runtime.schema import SchemaError, dump, parse
 
 TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A request to stop the job here (stop.request), to the supervisor ``pid``: who asked, why, when (wall clock)."""
+
+    pid: int
+    by: str
+    reason: str
+    at: float
 
 
 def read_json(path: str | Path) -> dict[str, Any] | None:
@@ -33,11 +43,7 @@ def read_json(path: str | Path) -> dict[str, Any] | None:
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     """Readers (the controller, another verb) never see half a file: write beside it, then rename over it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle)
-    os.replace(tmp, path)
+    atomic.write(path, json.dumps(payload))
 
 
 def log_tail(job_dir: str, lines: int = TAIL_LINES) -> list[str]:
@@ -58,23 +64,22 @@ def keep_secret(job_dir: str, secret: bytes) -> dict[str, Any]:
         wire.Keyring(secret)  # refuses a key too short to be one
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    path = Path(job_dir) / layout.SECRET_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(secret + b"\n")
-    os.replace(tmp, path)
+    atomic.write(Path(job_dir) / layout.SECRET_FILE, secret + b"\n", atomic.PRIVATE)
     return {"changed": True}
 
 
 def request_stop(job_dir: str, pid: int, by: str, reason: str) -> None:
     """Ask the supervisor ``pid`` to stop the job here (a request for another pid is an old one: ignored)."""
-    write_json(Path(job_dir) / layout.STOP_REQUEST_FILE, {"pid": pid, "by": by, "reason": reason, "at": time.time()})
+    write_json(Path(job_dir) / layout.STOP_REQUEST_FILE, dump(StopRequest(pid, by, reason, time.time())))
 
 
-def stop_request(job_dir: str, pid: int) -> dict[str, Any] | None:
-    request = read_json(Path(job_dir) / layout.STOP_REQUEST_FILE)
-    return request if request is not None and request.get("pid") == pid else None
+def stop_request(job_dir: str, pid: int) -> StopRequest | None:
+    """The request to the supervisor ``pid``; None when there is none (or none this runtime can read)."""
+    try:
+        request = parse(StopRequest, read_json(Path(job_dir) / layout.STOP_REQUEST_FILE), layout.STOP_REQUEST_FILE)
+    except SchemaError:
+        return None
+    return request if request.pid == pid else None
 
 
 def node_state(job_dir: str) -> NodeState | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainer.runtime import schema
 from trainer.runtime.straggler import Rules
-from trainer.runtime.timing import Timings
+from trainer.runtime.timing import DEFAULT_HANG_FACTOR, Timings
 
 SCHEMA = 1
 
@@ -63,21 +63,22 @@ class Paths:
 @dataclass(frozen=True)
 class Watch:
     """How the nodes watch each other (seconds); every interval of the watch derives from these
-    (trainer.runtime.timing)."""
+    (trainer.runtime.timing). The defaults are the job description's (trainer.node_config): a plan carries all."""
 
-    heartbeat_timeout: float  # no news for this long: a trainer froze or a node is lost
-    startup_timeout: float  # a member that has not joined the watch this long after the start is lost
-    stop_grace: float  # SIGTERM (and the trainer's checkpoint at a common step) to SIGKILL
-    hang_factor: float  # a rank whose step stalls this many times its usual step time is hung (vidcluster_hang_factor)
+    heartbeat_timeout: float = 60.0  # no news for this long: a trainer froze or a node is lost
+    startup_timeout: float = 300.0  # a member that has not joined the watch this long after the start is lost
+    stop_grace: float = 15.0  # SIGTERM (and the trainer's checkpoint at a common step) to SIGKILL
+    # a rank whose step stalls this many times its usual step time is hung (vidcluster_hang_factor)
+    hang_factor: float = DEFAULT_HANG_FACTOR
 
 
 @dataclass(frozen=True)
 class Restarts:
     """The restart policy (trainer.runtime.policy)."""
 
-    max_restarts: int  # automatic restarts of the job after failures, in all
-    node_wait: float  # seconds to wait for a lost node to come back when no spare can replace it
-    in_place: bool  # restart in place: a trainer that survived a failure goes on in its process, a standby waits
+    max_restarts: int = 3  # automatic restarts of the job after failures, in all
+    node_wait: float = 300.0  # seconds to wait for a lost node to come back when no spare can replace it
+    in_place: bool = True  # restart in place: a trainer that survived a failure goes on in its process, a standby waits
 
 
 @dataclass(frozen=True)

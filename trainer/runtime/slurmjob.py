@@ -23,13 +23,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import nodestate, schema
+from trainer.runtime import layout, nodestate, schema
 from trainer.runtime.hub import new_record
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.record import Cause, EndState, JobRecord, RecordError
 from trainer.runtime.requeue import Requeue
 
-DESCRIPTION_FILE = "launch.json"
+DESCRIPTION_FILE = layout.DESCRIPTION_FILE
 EXPERIMENT_FILE = "experiment.yaml"
 SCRIPT_FILE = "job.sbatch"
 SUBMITTED_FILE = "submitted.json"

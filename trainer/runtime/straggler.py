@@ -43,10 +43,10 @@ class Treatment(StrEnum):
 class Rules:
     """The plan's straggler settings (seconds)."""
 
-    threshold: float  # a node is slow while its pace is below this (0.7: it takes 1/0.7 = 1.43x the others' time)
-    window: float  # it is named after being slow this long
-    action: Treatment
-    cooldown: float  # the least time between two swaps of the job
+    threshold: float = 0.7  # a node is slow while its pace is below this (0.7: it takes 1/0.7 = 1.43x the others' time)
+    window: float = 300.0  # it is named after being slow this long
+    action: Treatment = Treatment.AUTO
+    cooldown: float = 1800.0  # the least time between two swaps of the job
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 1:

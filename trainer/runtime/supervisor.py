@@ -47,7 +47,7 @@ from trainer.runtime.hub import Hub, new_record
 from trainer.runtime.hubhost import HubHost
 from trainer.runtime.listener import Listener
 from trainer.runtime.log import Once, say
-from trainer.runtime.member import Member, Outcome
+from trainer.runtime.member import Member, Outcome, until_next_report
 from trainer.runtime.messages import Mode, NodeState, NotHub, RecordReply, Reply, Report, Says, joined_with
 from trainer.runtime.node import Node
 from trainer.runtime.plan import NodePlan
@@ -119,10 +119,10 @@ class Supervisor:
     def on_signal(self, sig: int) -> None:
         request = nodestate.stop_request(self.job_dir, os.getpid())
         if request is not None:
-            say(f"stop requested by {request['by']}: {request['reason']}")
-            self.node.checkpoint_and_stop(Kind.STOPPED, f"stopped by {request['by']}: {request['reason']}")
+            say(f"stop requested by {request.by}: {request.reason}")
+            self.node.checkpoint_and_stop(Kind.STOPPED, f"stopped by {request.by}: {request.reason}")
             if not self.node.running:
-                self.finish(End(EndState.STOPPED, str(request["reason"]), None))
+                self.finish(End(EndState.STOPPED, request.reason, None))
         else:
             name = signal.Signals(sig).name
             say(f"{name}: preempted; the trainer checkpoints and stops")
@@ -223,11 +223,9 @@ class Supervisor:
 
     async def until_next_report(self) -> None:
         """A report's interval, less when this node has news or waits on the hub (see the module docstring)."""
-        waiting = (not self.node.running and bool(self.node.started_attempts)) or self.node.stalled()
-        pause = self.timings.waiting_report if waiting else self.timings.report_every
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.news.wait(), pause)
-        self.news.clear()
+        await until_next_report(self.news, self.timings,
+                                waiting=(not self.node.running and bool(self.node.started_attempts))
+                                or self.node.stalled())
 
     # -- the listener's question -----------------------------------------------------------------------------------
 

@@ -41,7 +41,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from trainer.runtime import atomic
 from trainer.runtime.contract import WEIGHTS_ALLOW_HTTP_ENV as ALLOW_HTTP_ENV
 from trainer.runtime.contract import WEIGHTS_CACHE as DEFAULT_CACHE
 from trainer.runtime.contract import WEIGHTS_CACHE_ENV as CACHE_ENV
@@ -306,18 +306,14 @@ def fetch(model_name: str, cache: str | Path | None = None, base_url: str | None
         print(f"{entry.source} publishes {FIRST_USE[entry.checksum_kind]} of {entry.file}: trusted on first use (its "
               "full SHA-256 is recorded now and checked on every later use)", file=sys.stderr)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-        _write_record(dest, check_published(entry, tmp, model_name), entry)
-        os.replace(tmp, dest)
+        with atomic.replacing(dest) as tmp:
+            with tmp.open("wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+            _write_record(dest, check_published(entry, tmp, model_name), entry)
     except (urllib.error.URLError, OSError) as exc:
         raise WeightsError(f"cannot download the weights of {model_name} from {url}: {exc}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return dest
 
 

@@ -1,7 +1,7 @@
 """Filters of the ddp_config role: which network interface holds a node's cluster address (from its gathered facts),
 and the job description the trainer's renderer reads.
 
-Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
+``FilterModule`` registers the plain functions below for Ansible.
 """
 
 from __future__ import annotations

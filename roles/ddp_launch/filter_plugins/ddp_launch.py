@@ -2,7 +2,7 @@
 (``python -m trainer.runtime status``). The words are the trainer's (trainer/runtime/report.py); this file only
 adapts them to Ansible's results.
 
-Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
+``FilterModule`` registers the plain functions below for Ansible.
 """
 
 from __future__ import annotations

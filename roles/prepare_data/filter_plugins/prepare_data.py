@@ -1,6 +1,6 @@
 """Filters of the prepare_data role, run on the controller.
 
-Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
+``FilterModule`` registers the plain functions below for Ansible.
 """
 
 from __future__ import annotations

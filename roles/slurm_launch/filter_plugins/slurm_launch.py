@@ -2,19 +2,19 @@
 (``python -m trainer.runtime slurm-status``). The words are the trainer's (trainer/runtime/report.py); this file only
 adds Slurm's view to them.
 
-Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
+``FilterModule`` registers the plain functions below for Ansible.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: the launcher asks the trainer
-from trainer.runtime import report, slurmjob
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
+
+report = trainer_module("runtime.report")
+slurmjob = trainer_module("runtime.slurmjob")
 
 # The launch's files in the login host's folder of the job, as trainer/runtime/slurmjob.py names them.
 FILES = {"description": slurmjob.DESCRIPTION_FILE, "experiment": slurmjob.EXPERIMENT_FILE}

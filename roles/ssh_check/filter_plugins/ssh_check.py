@@ -1,6 +1,6 @@
 """Filters of the ssh_check role: which peers each node probes, and the report of all probes (linear in the pairs).
 
-Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
+``FilterModule`` registers the plain functions below for Ansible.
 """
 
 from __future__ import annotations

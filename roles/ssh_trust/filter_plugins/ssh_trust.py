@@ -1,7 +1,7 @@
 """Filter of the ssh_trust role: the cluster's known_hosts block, every node's host keys under every name and address
 peers may use for it, rendered once on the controller (one line per node and key type, linear in the nodes).
 
-Plain functions, so tests import this file directly; ``FilterModule`` only registers them for Ansible.
+``FilterModule`` registers the plain functions below for Ansible.
 """
 
 from __future__ import annotations

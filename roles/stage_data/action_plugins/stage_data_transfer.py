@@ -31,6 +31,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible_collections.vidcluster.launcher.plugins.module_utils import stage
 from ansible_collections.vidcluster.launcher.plugins.plugin_utils.polling import Poll, on_node
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
 from ansible_collections.vidcluster.launcher.plugins.plugin_utils.words import (
     CONTROLLER,
     files,
@@ -38,6 +39,8 @@ from ansible_collections.vidcluster.launcher.plugins.plugin_utils.words import (
     rate_eta,
     sender_name,
 )
+
+atomic = trainer_module("runtime.atomic")  # the one way a file others read is replaced
 
 # rsync keeps an interrupted file here (beside it, in the destination) and resumes from it; the name starts like
 # every name trainer/data/manifest.py leaves out of a dataset.
@@ -164,9 +167,7 @@ class ActionModule(ActionBase):
     def _write_record(self, t: dict[str, Any], state: dict[str, Any]) -> None:
         record = {"sender": t["sender"], "files": state.get("files", 0), "bytes": state.get("bytes", 0),
                   "sent": state.get("sent", 0), "received": state.get("received", 0), "done": bool(state.get("done"))}
-        tmp = Path(f"{t['record']}.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, t["record"])
+        atomic.write(t["record"], json.dumps(record), atomic.SHARED)
 
     def _line(self, t: dict[str, Any], state: dict[str, Any], seconds: float) -> str:
         done_files, done = int(state.get("files", 0)), int(state.get("bytes", 0))
