@@ -20,13 +20,12 @@ from trainer.data.annotations import AnnotationError, read_kinetics_csv
 from trainer.data.prepare import (
     STALL_MARGIN,
     fold_state,
-    main,
     read_state,
     stalled,
     state_text,
     still_made,
 )
-from trainer.data.prepare_plan import lists, not_listed_because, share_out, up_to_date
+from trainer.data.prepare_plan import lists, main, not_listed_because, share_out, up_to_date
 from trainer.data.transcode import Options, PrepareError, run_tool, shortfall
 
 REPO = Path(__file__).resolve().parents[2]

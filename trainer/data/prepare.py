@@ -34,7 +34,8 @@ passed along (nothing is installed there):
                                            transcode, send the outputs where DEST is; progress in WORK/progress.json
     prepare.py seal DEST SOURCE WORK       DEST's manifest, seeded with the hashes taken while transcoding
 
-and on the controller (``python -m trainer.data.prepare``, from the repository; trainer/data/prepare_plan.py):
+and on the controller (``python -m trainer.data.prepare_plan``, from the repository, which runs the node commands
+too, as the controller's own node; trainer/data/prepare_plan.py):
 
     prepare.py plan CSV... --index F --state F --layout F --options JSON --out DIR
                                            which node makes which clip (DIR/<node>.json, DIR/<node>.list), and the
@@ -73,7 +74,7 @@ BEAT_SECONDS = 1.0
 STOP_WAIT = 30.0
 STALL_MARGIN = 10.0  # seconds past a clip's limit before a run in which no clip finishes is ended
 RSYNC_SSH = "ssh -o BatchMode=yes"  # the cluster's SSH mesh (setup-cluster.yml): node names, verified host keys
-CONTROLLER_COMMANDS = ("plan", "lists")  # trainer.data.prepare_plan's, never run on a node
+CONTROLLER_COMMANDS = ("plan", "lists")  # trainer.data.prepare_plan's (parsed here, with the rest), never run on a node
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -501,11 +502,10 @@ def answered(command: Callable[[], dict[str, Any] | int]) -> int:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if args.command in CONTROLLER_COMMANDS:
-        # Imported here: the nodes carry this file without the controller's module (and never run these commands).
-        from trainer.data import prepare_plan
-
-        return prepare_plan.main(args)
+    if args.command in CONTROLLER_COMMANDS:  # the nodes carry this file without the controller's module
+        print(f"error: {args.command} is the controller's: python -m trainer.data.prepare_plan {args.command} ...",
+              file=sys.stderr)
+        return 2
     if args.command == "run":
         return answered(lambda: run_detached(args.work, args.detach))
     return answered(lambda: answer(args))

@@ -1,14 +1,15 @@
 """The controller's side of preparing a dataset (trainer/data/prepare.py): the annotation CSVs read, which node makes
 which clip (the plan), and the lists, the class index and the report from what was made. It runs in the trainer's
-package on the controller (``python -m trainer.data.prepare plan|lists``), never on a node.
+package on the controller (``python -m trainer.data.prepare_plan plan|lists``, which runs prepare.py's node commands
+too, for the controller's own probe), never on a node.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,8 +30,11 @@ if TYPE_CHECKING:
     from trainer.data.annotations import KineticsClip
 
 
-def main(args: argparse.Namespace) -> int:
-    """``plan`` or ``lists``, parsed by prepare.py: its answer printed, or one error line."""
+def main(argv: list[str]) -> int:
+    """The controller's commands (``plan``, ``lists``), and a node's for the controller's own node (prepare.py's)."""
+    args = prepare.parser().parse_args(argv)
+    if args.command not in prepare.CONTROLLER_COMMANDS:
+        return prepare.main(argv)
     if args.command == "plan":
         return prepare.answered(lambda: plan(args.csv, args.index, args.state, _read_json(args.layout),
                                              Options.from_json(json.loads(args.options)), args.out))
@@ -246,3 +250,7 @@ def report_text(totals: dict[str, dict[str, dict[str, int]]], bad: list[dict[str
     head = json.dumps({"totals": {split: dict(sorted(per.items())) for split, per in sorted(totals.items())}})
     rows = ",\n".join(json.dumps(row) for row in sorted(bad, key=lambda row: row["clip"]))
     return f'{head[:-1]}, "bad": [\n{rows}\n]}}\n'
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
