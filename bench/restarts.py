@@ -51,10 +51,10 @@ import yaml
 
 from bench.local import ENV, REPO, VENV_BIN, build, training_cluster
 from trainer.node_config import merge
-from trainer.runtime import channel, procs
-from trainer.runtime.channel import PHASES, ProcessReport
 from trainer.runtime.contract import CHANNEL_ENV, METRICS_FILE, STATUS_FILE
-from trainer.runtime.record import JobRecord
+from trainer.runtime.host import channel, procs
+from trainer.runtime.host.channel import PHASES, ProcessReport
+from trainer.runtime.job.record import JobRecord
 
 CLUSTER = "brestart"
 EPOCHS = 6
@@ -469,7 +469,8 @@ def faults(only: str = "") -> list[dict[str, Any]]:
 
 
 def goodput_table(found: list[dict[str, Any]]) -> str:
-    """Each job's goodput from its record (trainer/runtime/goodput.py): its wall time and the parts adding up to it."""
+    """Each job's goodput from its record (trainer/runtime/job/goodput.py): its wall time and the parts adding up to
+    it."""
     lines = ["| failure | restarts | wall, s | " + " | ".join(f"{part}, s" for part in GOODPUT_PARTS)
              + " | the parts' sum, s | goodput |", "|---" * (5 + len(GOODPUT_PARTS)) + "|"]
     for row in found:

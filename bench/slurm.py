@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.local import ENV, NEEDS_ROOT, REPO, VENV_BIN, inventory, playbook
-from trainer.runtime import procs
+from trainer.runtime.host import procs
 
 CLUSTER = "bslurm"
 COMPUTE = 4

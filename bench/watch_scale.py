@@ -4,17 +4,18 @@
 
 The hub is a real supervisor (``python -m trainer.runtime start``: its listener, the wire's MACs, the schema's check
 of every message, its own stand-in trainer, tests/runtime/standin.py) at 127.1.0.1. The members are stand-ins in this
-process, each a real ``trainer.runtime.member.Member`` (the runtime's own code dials, reports and reads the answers)
-bound to its own loopback address (127.1.X.Y: the listener admits members by address, at most 8 connections each);
-what a stand-in lacks is a trainer process and a listener of its own: it says its trainer runs the attempt the record
-gives it, stops it when the record says stopping, and reports at the runtime's intervals (trainer.runtime.timing).
+process, each a real ``trainer.runtime.watch.member.Member`` (the runtime's own code dials, reports and reads the
+answers) bound to its own loopback address (127.1.X.Y: the listener admits members by address, at most 8 connections
+each); what a stand-in lacks is a trainer process and a listener of its own: it says its trainer runs the attempt the
+record gives it, stops it when the record says stopping, and reports at the runtime's intervals
+(trainer.runtime.job.timing).
 
 Measured per size: bytes per report period both ways (the kernel's counts of the hub's sockets, ``ss -ti``), the
 hub process's CPU seconds per wall second, the time from a killed trainer (a stand-in reports its trainer died of
 SIGKILL) to the hub naming it, the time from a member's last report (it goes silent, its connection open) to the hub
 naming it lost, and the time from the hub's start of the next attempt until every member holds it. ``--before``: the
 stand-ins say they hold no record (version 0), so every report is answered with the whole record, as every report was
-before the hub answered ``unchanged`` (trainer.runtime.messages).
+before the hub answered ``unchanged`` (trainer.runtime.watch.messages).
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.node_config import JobSpec, render_job
-from trainer.runtime import layout, nodestate, procs, wire
-from trainer.runtime.hub import new_record
-from trainer.runtime.member import Member, until_next_report
-from trainer.runtime.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, joined_with
+from trainer.runtime import layout
+from trainer.runtime.host import nodestate, procs
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import JobRecord, NodeTimeline, Phase, Start, with_changes
 from trainer.runtime.plan import Member as Planned
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import JobRecord, NodeTimeline, Phase, Start, with_changes
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.member import Member, until_next_report
+from trainer.runtime.watch.messages import IDLE, RecordReply, Report, Says, Trainer, TrainerState, joined_with
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "runtime" / "standin.py"
@@ -89,7 +92,7 @@ def hub_plan(folder: Path, members: int, heartbeat: float) -> NodePlan:
 
 
 class StandIn:
-    """A member without a trainer process (trainer.runtime.member.Local): its trainer runs whichever attempt the
+    """A member without a trainer process (trainer.runtime.watch.member.Local): its trainer runs whichever attempt the
     record assigns it, stops when the record says stopping, and can be killed or the member silenced."""
 
     def __init__(self, plan: NodePlan, keyring: wire.Keyring, index: int, claims_nothing: bool) -> None:
@@ -111,7 +114,7 @@ class StandIn:
         self.member = Member(plan, keyring, self, lambda line: print(f"{self.node}: {line}", file=sys.stderr))
         self.reconcile()
 
-    # -- trainer.runtime.member.Local ------------------------------------------------------------------------------
+    # -- trainer.runtime.watch.member.Local ----------------------------------------------------------------------------
 
     def report(self, says: Says, term: int | None = None) -> Report:
         self.reports += 1
@@ -122,7 +125,7 @@ class StandIn:
                       timeline=self.timeline)
 
     def adopt(self, reply: RecordReply) -> bool:
-        """As a node's supervisor adopts the hub's answer (trainer.runtime.supervisor), counting its kinds."""
+        """As a node's supervisor adopts the hub's answer (trainer.runtime.watch.supervisor), counting its kinds."""
         self.answers[reply.says] += 1
         record = reply.record or with_changes(self.record, reply.changes)
         if record is not None and record.newer_than(self.record):
@@ -156,7 +159,7 @@ class StandIn:
     # -- its trainer -----------------------------------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Run the record's attempt, or stop it, as a node's supervisor does (trainer.runtime.node)."""
+        """Run the record's attempt, or stop it, as a node's supervisor does (trainer.runtime.host.node)."""
         record, now = self.record, time.time()
         rank = record.assignment.get(self.node)
         if record.attempt not in self.learned:

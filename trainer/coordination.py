@@ -25,7 +25,7 @@ import torch
 from trainer import heartbeat
 from trainer.distributed import DistContext, all_reduce_sum, host_group
 from trainer.errors import STOP_SIGNALS, restore_stop_handlers
-from trainer.runtime.messages import COLLECTIVE
+from trainer.runtime.watch.messages import COLLECTIVE
 
 AGREE = COLLECTIVE + "agree"  # a process waits in the step's agreement (its heartbeat says so: trainer.heartbeat)
 

@@ -29,7 +29,7 @@ from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, any_rank
 from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
-from trainer.runtime.messages import COMPUTE, DATA
+from trainer.runtime.watch.messages import COMPUTE, DATA
 
 log = logging.getLogger("trainer")
 

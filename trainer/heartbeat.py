@@ -1,16 +1,16 @@
 """Liveness and pace for the launcher's watch: while a training process lives, a daemon thread writes its heartbeat,
 ``$VIDCLUSTER_HEARTBEAT_DIR/<pid>``, every ``$VIDCLUSTER_HEARTBEAT_INTERVAL`` seconds: the node's monotonic clock and
 what the process's step clock has counted in its attempt (trainer/pace.py), one line of JSON
-(trainer.runtime.pace.Beat).
+(trainer.runtime.job.pace.Beat).
 
-The node's supervisor (trainer/runtime/node.py) sets both variables and treats a live process whose
+The node's supervisor (trainer/runtime/host/node.py) sets both variables and treats a live process whose
 heartbeat has gone stale as frozen (SIGSTOP, a hung filesystem, a wedged driver): the job restarts without it; the
-counts go to the job's hub, which finds slow nodes (trainer.runtime.straggler) and counts the job's goodput.
+counts go to the job's hub, which finds slow nodes (trainer.runtime.job.straggler) and counts the job's goodput.
 A thread keeps beating while the main thread waits in a collective, so a slow step is never taken for a frozen one;
 for the same reason a beat alone cannot tell a hung rank from a live one: beside it, ``<pid>.where`` says where the
-process is (trainer.runtime.messages.Where: its step, its phase, its usual step time), which the training loop marks
-(``at``, ``stepped``); the hub names a rank whose step stopped while the others wait in a collective
-(trainer.runtime.verdict.hung).
+process is (trainer.runtime.watch.messages.Where: its step, its phase, its usual step time), which the training loop
+marks (``at``, ``stepped``); the hub names a rank whose step stopped while the others wait in a collective
+(trainer.runtime.job.verdict.hung).
 Without the variables (a run by hand, torchrun) nothing happens.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 from trainer.runtime import atomic, schema
 from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, WHERE_SUFFIX
-from trainer.runtime.messages import COLLECTIVE, STARTING, UNJUDGED, Where
-from trainer.runtime.pace import Beat, Effort, beat_text
+from trainer.runtime.job.pace import Beat, Effort, beat_text
+from trainer.runtime.watch.messages import COLLECTIVE, STARTING, UNJUDGED, Where
 
 EffortSource = Callable[[], Effort | None]
 GRADIENTS = COLLECTIVE + "gradients"  # the gradient all-reduce
@@ -61,8 +61,8 @@ WATCHED = "_vidcluster_watched"  # a parameter's mark: its gradient marks GRADIE
 
 
 def at(phase: str) -> None:
-    """This process enters ``phase`` of its step (trainer.runtime.messages: DATA, COMPUTE, COLLECTIVE + a name...).
-    Out of a phase that is no step (its attempt's start, an epoch's end), its step's time starts now."""
+    """This process enters ``phase`` of its step (trainer.runtime.watch.messages: DATA, COMPUTE, COLLECTIVE + a
+    name...). Out of a phase that is no step (its attempt's start, an epoch's end), its step's time starts now."""
     where, now = _PROGRESS.where, time.monotonic()
     if where.phase != phase:
         step_at = now if where.phase in UNJUDGED else where.step_at

@@ -1,5 +1,5 @@
-"""Restart in place, the trainer's side (the supervisor's: trainer.runtime.node; their channel:
-trainer.runtime.channel).
+"""Restart in place, the trainer's side (the supervisor's: trainer.runtime.host.node; their channel:
+trainer.runtime.host.channel).
 
 A training process the runtime started with $VIDCLUSTER_IN_PLACE goes on when its attempt ends under it: a peer went
 away (a collective failed), its group did not form, or its supervisor said the attempt is over (read after every
@@ -35,8 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer.heartbeat import restart_progress
-from trainer.runtime import channel
-from trainer.runtime.channel import ChannelError, Join, Notice, ProcState, Who
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     CHANNEL_ENV,
@@ -48,6 +46,8 @@ from trainer.runtime.contract import (
     TRAINER_ENV,
     flight_dump,
 )
+from trainer.runtime.host import channel
+from trainer.runtime.host.channel import ChannelError, Join, Notice, ProcState, Who
 from trainer.timeline import PROCESS
 
 log = logging.getLogger("trainer")

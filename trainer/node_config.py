@@ -14,14 +14,14 @@ rendered again from it.
 The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
 experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
 "env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace, hang_factor}, "restarts":
-{max_restarts, node_wait, in_place}, "stragglers": {threshold, window, action, cooldown} (trainer.runtime.straggler),
-"omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares": [...]}``; a node is ``{"name",
-"ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order (rank 0 hosts the rendezvous);
-spares train only when one replaces a lost node. The description is read by the runtime's one schema check
-(trainer.runtime.schema, with defaults: a key left out takes its field's default): a key it does not know (at the top
-or nested, e.g. ``watch: heartbeat_timout``, with the nearest known one), a value of the wrong kind or a node name that
-is not one folder name is refused in one line naming it. Paths in the config are made absolute for each node: "~" and
-relative paths are in that node's home.
+{max_restarts, node_wait, in_place}, "stragglers": {threshold, window, action, cooldown}
+(trainer.runtime.job.straggler), "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares":
+[...]}``; a node is ``{"name", "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order
+(rank 0 hosts the rendezvous); spares train only when one replaces a lost node. The description is read by the runtime's
+one schema check (trainer.runtime.schema, with defaults: a key left out takes its field's default): a key it does not
+know (at the top or nested, e.g. ``watch: heartbeat_timout``, with the nearest known one), a value of the wrong kind or
+a node name that is not one folder name is refused in one line naming it. Paths in the config are made absolute for each
+node: "~" and relative paths are in that node's home.
 
 Where the run goes: the config's LOG.BASE_PATH/EXP_NAME, on each node (rank 0 writes it; node rank 1 keeps a copy of
 the checkpoints). GluonCV's default EXP_NAME ``use_time`` becomes the job id, so launching the job again finds its
@@ -53,11 +53,11 @@ from trainer.config import (
     validate_config,
 )
 from trainer.runtime import atomic, contract, layout, schema
+from trainer.runtime.job.straggler import Rules
+from trainer.runtime.job.timing import MIN_HANG_FACTOR
 from trainer.runtime.plan import SCHEMA as PLAN_SCHEMA
 from trainer.runtime.plan import Member, NodePlan, Paths, Restarts, Watch
 from trainer.runtime.schema import JsonObject
-from trainer.runtime.straggler import Rules
-from trainer.runtime.timing import MIN_HANG_FACTOR
 
 USE_TIME = "use_time"
 DEFAULT_RUN_NAME = "run"

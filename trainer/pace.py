@@ -1,5 +1,5 @@
 """This process's step clock: each optimizer step of its attempt split into waiting for data, computing, waiting for
-the other ranks and checkpoint stalls, summed since the attempt's first batch (trainer.runtime.pace.Effort: the
+the other ranks and checkpoint stalls, summed since the attempt's first batch (trainer.runtime.job.pace.Effort: the
 heartbeat carries the sums to the node's supervisor, whose hub finds slow nodes and counts the job's goodput).
 
 How the wait in the gradient all-reduce is told from computing: a hook on every parameter notes when its gradient is
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.runtime.pace import Effort
+from trainer.runtime.job.pace import Effort
 
 PENDING_STEPS = 8  # a GPU's steps not yet read back, at most (then the host waits for the oldest)
 

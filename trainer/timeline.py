@@ -1,5 +1,5 @@
 """This training process's account of itself to its node's supervisor: the attempt it belongs to, its rank, its state
-(standby, training, parked) and the wall-clock time it reached each phase of its attempt (trainer.runtime.channel:
+(standby, training, parked) and the wall-clock time it reached each phase of its attempt (trainer.runtime.host.channel:
 started, imported, group, checkpoint, first_step). Written to ``$VIDCLUSTER_CHANNEL/<pid>.json`` whenever it changes,
 by every process that trains (and a standby); without the variable (a run by hand) nothing is written.
 
@@ -14,9 +14,9 @@ import os
 import time
 from pathlib import Path
 
-from trainer.runtime import channel
-from trainer.runtime.channel import PHASES, ProcessReport, ProcState
 from trainer.runtime.contract import CHANNEL_ENV, TRAINER_ENV
+from trainer.runtime.host import channel
+from trainer.runtime.host.channel import PHASES, ProcessReport, ProcState
 
 
 def process_started() -> float:

@@ -79,9 +79,9 @@ from trainer.pace import StepClock
 from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
 from trainer.resume import EpochProgress, load_resume_state
-from trainer.runtime.channel import Join
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
-from trainer.runtime.messages import CHECKPOINT, EVALUATE
+from trainer.runtime.host.channel import Join
+from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 from trainer.timeline import PROCESS
 from trainer.weights import load_weights

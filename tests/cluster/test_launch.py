@@ -47,7 +47,7 @@ from tests.cluster.conftest import (
     playbook_env,
     stage_dataset,
 )
-from trainer.runtime.record import JobRecord
+from trainer.runtime.job.record import JobRecord
 
 CONFIG = "i3d_cpu_test"  # reads ~/data/vidcluster-test on every node
 # One home for all nodes, like NFS; sshd on port 2222, so known_hosts, the SSH check and the launch use [host]:2222.

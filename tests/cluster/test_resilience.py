@@ -45,7 +45,7 @@ from tests.cluster.conftest import (
     stage_dataset,
     trainer_pid,
 )
-from trainer.runtime.record import JobRecord, Start
+from trainer.runtime.job.record import JobRecord, Start
 
 pytestmark = pytest.mark.slow
 

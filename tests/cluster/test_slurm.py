@@ -227,7 +227,7 @@ def wait_for_epoch(cluster: LocalCluster, job: str, epoch: int, play: subprocess
 
 
 def account(cluster: LocalCluster, job: str) -> dict:
-    """The batch step's account of the job (trainer/runtime/slurmjob.py: every allocation, the outcome)."""
+    """The batch step's account of the job (trainer/runtime/slurm/account.py: every allocation, the outcome)."""
     return json.loads((job_dir(cluster, job) / "login" / "slurm.json").read_text())
 
 

@@ -1,7 +1,7 @@
-"""What a Slurm job's one task per node gets (roles/cluster_inventory's contract, trainer/runtime/slurmlogin.py's
-batch script, trainer/runtime/slurm.py's steps): the node's CPUs and memory by default, since that task runs every
-trainer of the node and their loaders; the settings that say otherwise, each refused by name when malformed. Fast: the
-sample inventory read by ansible-inventory, the contract and the batch script as the launch renders them; no Slurm
+"""What a Slurm job's one task per node gets (roles/cluster_inventory's contract, trainer/runtime/slurm/login.py's
+batch script, trainer/runtime/slurm/allocation.py's steps): the node's CPUs and memory by default, since that task runs
+every trainer of the node and their loaders; the settings that say otherwise, each refused by name when malformed. Fast:
+the sample inventory read by ansible-inventory, the contract and the batch script as the launch renders them; no Slurm
 cluster (the slow lane's tests/cluster/test_slurm.py runs a job with these options)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from tests.cluster.conftest import REPO, load_file
 from tests.runtime.test_plan import job, plans
 from tests.runtime.test_slurm import HOMES
-from trainer.runtime.slurm import step_cpus
-from trainer.runtime.slurmlogin import batch_script
+from trainer.runtime.slurm.allocation import step_cpus
+from trainer.runtime.slurm.login import batch_script
 
 contract = load_file(REPO / "roles" / "cluster_inventory" / "filter_plugins" / "cluster_inventory.py")
 SAMPLE = REPO / "inventory" / "sample-slurm" / "hosts.yml"

@@ -41,7 +41,7 @@ from tests.cluster.conftest import (
     run_playbook,
     stage_dataset,
 )
-from trainer.runtime.record import JobRecord, Kind
+from trainer.runtime.job.record import JobRecord, Kind
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,11 @@ import pytest
 
 from tests.cluster.conftest import REPO
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import channel, layout, nodestate, procs
-from trainer.runtime.channel import ProcState
-from trainer.runtime.messages import NodeState
-from trainer.runtime.record import JobRecord
+from trainer.runtime import layout
+from trainer.runtime.host import channel, nodestate, procs
+from trainer.runtime.host.channel import ProcState
+from trainer.runtime.job.record import JobRecord
+from trainer.runtime.watch.messages import NodeState
 
 NET = "127.0.0"  # members at NET.10, NET.11, ...
 OUTSIDE = f"{NET}.99"  # a host of the network that is no member of the job
@@ -43,7 +44,7 @@ class Job:
                  stragglers: dict[str, Any] | None = None, in_place: bool = True,
                  watch: dict[str, float] | None = None) -> None:
         """``steps``: the stand-ins' first attempt (a tenth of a second each; a restarted attempt trains 10 more);
-        ``stragglers``: the job description's straggler settings (trainer.runtime.straggler); ``watch``: its watch
+        ``stragglers``: the job description's straggler settings (trainer.runtime.job.straggler); ``watch``: its watch
         settings (WATCH's short ones when None; ``{}``: the job description's defaults)."""
         homes = [str(tmp_path / f"home{i}") for i in range(nodes + spares)]
         peers = tmp_path / "peers"  # every stand-in of the job says it is there (tests/runtime/standin.py)

@@ -50,9 +50,9 @@ from trainer.errors import ignore_stop_signals
 from trainer.heartbeat import GRADIENTS, at, measure, start_heartbeat, stepped
 from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
 from trainer.pace import StepClock
-from trainer.runtime.channel import ProcState
 from trainer.runtime.contract import ATTEMPT_ENV, COPY_NODE_RANK, EXIT_PREEMPTED, STATUS_FILE, TRAINER_ENV
-from trainer.runtime.messages import COMPUTE, DATA
+from trainer.runtime.host.channel import ProcState
+from trainer.runtime.watch.messages import COMPUTE, DATA
 from trainer.timeline import PROCESS
 
 STEPS_PER_EPOCH = 10

@@ -21,8 +21,8 @@ from pathlib import Path
 from tests.runtime.loopback import WATCH, Job, loopback, wait_until
 from tests.runtime.standin import trained
 from trainer.runtime import layout
-from trainer.runtime.record import EndState, JobRecord, Kind, Start
-from trainer.runtime.timing import HANG_FLOOR_S
+from trainer.runtime.job.record import EndState, JobRecord, Kind, Start
+from trainer.runtime.job.timing import HANG_FLOOR_S
 
 __all__ = ["loopback"]
 T = WATCH["heartbeat_timeout"]
@@ -176,7 +176,7 @@ def test_the_hubs_node_lost_a_new_hub_waits_out_the_old_attempt_and_rank_0_moves
     cause = record.attempts[1].cause
     assert cause is not None and (cause.node, cause.kind) == ("n0", Kind.LOST)
     # The new hub counted the old one lost (``at``) the loss time before it took over, and started no attempt
-    # before the old attempt's last process was surely gone (trainer.runtime.timing).
+    # before the old attempt's last process was surely gone (trainer.runtime.job.timing).
     took_over = cause.at + T
     timings = job.plans["n1"].timings
     assert record.attempts[1].started_at - took_over >= timings.takeover_wait - 0.05, (record, timings)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.runtime.loopback import NET, Job, loopback, wait_until
 from trainer.runtime import report
-from trainer.runtime.record import EndState, Kind
+from trainer.runtime.job.record import EndState, Kind
 
 __all__ = ["loopback"]
 STEP_S = 0.1  # the stand-in's step

@@ -1,5 +1,5 @@
-"""The job's hub (trainer.runtime.hub) driven directly: members' reports and the passing of time in, the job's record
-out. No sockets, no processes."""
+"""The job's hub (trainer.runtime.job.hub) driven directly: members' reports and the passing of time in, the job's
+record out. No sockets, no processes."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ import json
 from typing import Any
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import schema, wire
-from trainer.runtime.hub import Hub, new_record
-from trainer.runtime.hubhost import HubHost
-from trainer.runtime.messages import (
+from trainer.runtime import schema
+from trainer.runtime.job.hub import Hub, new_record
+from trainer.runtime.job.record import Changes, JobRecord, Kind, NodeTimeline, Start, with_changes
+from trainer.runtime.job.timing import HANG_FLOOR_S
+from trainer.runtime.plan import NodePlan
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.hubhost import HubHost
+from trainer.runtime.watch.messages import (
     CHECKPOINT,
     COLLECTIVE,
     COMPUTE,
@@ -27,9 +31,6 @@ from trainer.runtime.messages import (
     Trouble,
     read_reply,
 )
-from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import Changes, JobRecord, Kind, NodeTimeline, Start, with_changes
-from trainer.runtime.timing import HANG_FLOOR_S
 
 HT = 60.0  # the plans' heartbeat timeout
 

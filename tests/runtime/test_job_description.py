@@ -12,8 +12,8 @@ import pytest
 
 from trainer.config import ConfigError
 from trainer.node_config import JobSpec, main
+from trainer.runtime.job.straggler import Rules, Treatment
 from trainer.runtime.plan import Restarts, Watch
-from trainer.runtime.straggler import Rules, Treatment
 
 EXPERIMENT = {"CONFIG": {"DATA": {"NUM_CLASSES": 2}, "MODEL": {"NAME": "i3d_tiny"}}}
 NODES = [{"name": "n0", "ip": "10.9.0.10", "gpus": 0, "home": "/home/a", "iface": "eth0"},

@@ -8,9 +8,9 @@ import asyncio
 
 from tests.runtime.test_plan import job, plans
 from tests.runtime.test_records import report
-from trainer.runtime import wire
-from trainer.runtime.listener import PER_ADDRESS, Listener
-from trainer.runtime.messages import NotHub, RecordReply, Reply, Says
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.listener import PER_ADDRESS, Listener
+from trainer.runtime.watch.messages import NotHub, RecordReply, Reply, Says
 
 KEY = wire.Keyring(b"a-test-secret-of-this-slots-test")
 MEMBER = "127.0.0.12"  # n2's address (the spare of a 2-node job on 127.0.0.x)

@@ -1,5 +1,5 @@
-"""A node's trainer as its supervisor sees it (trainer.runtime.node), driven directly with real processes standing in
-for the trainer's: the timeline it reports keeps the phases its processes reached after they end; a trainer that dies
+"""A node's trainer as its supervisor sees it (trainer.runtime.host.node), driven directly with real processes standing
+in for the trainer's: the timeline it reports keeps the phases its processes reached after they end; a trainer that dies
 takes what it left running with it, and its exit is news at once; a trainer told to leave its attempt that does not
 park within the stop grace is killed, and the node says why it did not go on in place. And the channel's files are
 refused when another user could have written them."""
@@ -19,15 +19,16 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import channel, layout, procs, schema
-from trainer.runtime.channel import ChannelError, Notice, ProcessReport, ProcState
+from trainer.runtime import layout, schema
 from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV, WHERE_SUFFIX
-from trainer.runtime.hub import new_record
-from trainer.runtime.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, TrainerState, Where
-from trainer.runtime.node import Node
-from trainer.runtime.pace import Beat, beat_text
+from trainer.runtime.host import channel, procs
+from trainer.runtime.host.channel import ChannelError, Notice, ProcessReport, ProcState
+from trainer.runtime.host.node import Node
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.pace import Beat, beat_text
+from trainer.runtime.job.record import Failure, Kind, Phase, Start
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import Failure, Kind, Phase, Start
+from trainer.runtime.watch.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, TrainerState, Where
 
 WAIT = "import time\nwhile True:\n    time.sleep(0.05)"
 

@@ -18,7 +18,8 @@ import pytest
 
 from tests.cluster.conftest import REPO
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import codeship, layout, nodestate
+from trainer.runtime import codeship, layout
+from trainer.runtime.host import nodestate
 
 
 def runtime(*argv: str, stdin: bytes = b"", cwd: Path = REPO) -> subprocess.CompletedProcess[bytes]:

@@ -1,4 +1,5 @@
-"""Who failed first (trainer.runtime.verdict) and what the job does next (trainer.runtime.policy): pure rules."""
+"""Who failed first (trainer.runtime.job.verdict) and what the job does next (trainer.runtime.job.policy): pure
+rules."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Any
 import pytest
 
 from trainer.runtime import schema
-from trainer.runtime.policy import decide
-from trainer.runtime.record import Failure, Kind
-from trainer.runtime.verdict import exit_failure, first_failure, words
+from trainer.runtime.job.policy import decide
+from trainer.runtime.job.record import Failure, Kind
+from trainer.runtime.job.verdict import exit_failure, first_failure, words
 
 
 def test_the_cause_comes_first_whatever_the_clocks_say() -> None:

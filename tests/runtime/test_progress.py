@@ -1,5 +1,5 @@
 """Where a training process is, as its heartbeat carries it (trainer.heartbeat: ``at``, ``stepped``; the hub judges
-it in trainer.runtime.verdict.hung): its step, its phase, and its usual step time, on the process's monotonic clock
+it in trainer.runtime.job.verdict.hung): its step, its phase, and its usual step time, on the process's monotonic clock
 (a clock the test moves)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from trainer import heartbeat
 from trainer.runtime import schema
 from trainer.runtime.contract import HEARTBEAT_DIR_ENV, WHERE_SUFFIX
-from trainer.runtime.messages import COMPUTE, DATA, EVALUATE, STARTING, Where
+from trainer.runtime.watch.messages import COMPUTE, DATA, EVALUATE, STARTING, Where
 
 
 class Clock:

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import schema, wire
-from trainer.runtime.hub import new_record
-from trainer.runtime.listener import Listener
-from trainer.runtime.messages import (
+from trainer.runtime import schema
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import SCHEMA, Cause, End, EndState, JobRecord, Kind, Phase, RecordError
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.listener import Listener
+from trainer.runtime.watch.messages import (
     IDLE,
     Mode,
     NodeState,
@@ -26,7 +28,6 @@ from trainer.runtime.messages import (
     read_reply,
     read_report,
 )
-from trainer.runtime.record import SCHEMA, Cause, End, EndState, JobRecord, Kind, Phase, RecordError
 
 IDLE_REPLY = NotHub(says=Says.NOT_HUB, hub="n0", term=0, searching=False, addr=None)
 

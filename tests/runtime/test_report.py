@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.runtime.test_records import a_record
 from trainer.runtime import report
-from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, NodeTimeline, Phase, Start
+from trainer.runtime.job.record import End, EndState, Failure, JobRecord, Kind, NodeTimeline, Phase, Start
 
 FAILED = {"state": "failed", "epoch": 3, "epochs": 30, "step": 121, "steps_per_epoch": 40,
           "message": "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer GLHF!"}

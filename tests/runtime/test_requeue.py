@@ -1,4 +1,4 @@
-"""The Slurm batch step's decision once its members' step ended (trainer.runtime.requeue): pure, as
+"""The Slurm batch step's decision once its members' step ended (trainer.runtime.job.requeue): pure, as
 tests/runtime/test_policy.py tests the restart policy. Each rule of the module's docstring, at its edges."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.runtime.test_plan import job, plans
-from trainer.runtime.hub import new_record
-from trainer.runtime.record import Cause, End, EndState, Failure, JobRecord, Kind
-from trainer.runtime.requeue import Requeue, TimeLimit, cause, decide, host_lost
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import Cause, End, EndState, Failure, JobRecord, Kind
+from trainer.runtime.job.requeue import Requeue, TimeLimit, cause, decide, host_lost
 
 NOW = 2000.0
 LIMIT = TimeLimit(990.0, "the time limit is near")

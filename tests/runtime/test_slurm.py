@@ -1,6 +1,6 @@
-"""The Slurm batch step's decisions, alone: the record an allocation continues from (trainer/runtime/slurmjob.py),
-when Slurm must requeue a job and whether that counts as a restart (trainer/runtime/requeue.py), the status while
-the job is in Slurm's hands and the batch script (trainer/runtime/slurmlogin.py). The whole thing runs on a local
+"""The Slurm batch step's decisions, alone: the record an allocation continues from (trainer/runtime/slurm/account.py),
+when Slurm must requeue a job and whether that counts as a restart (trainer/runtime/job/requeue.py), the status while
+the job is in Slurm's hands and the batch script (trainer/runtime/slurm/login.py). The whole thing runs on a local
 Slurm cluster in tests/cluster/test_slurm.py (the slow lane)."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 
 from tests.runtime.test_plan import job, plans
 from trainer.runtime import layout, schema
-from trainer.runtime.hub import new_record
-from trainer.runtime.record import End, EndState, Failure, JobRecord, Kind, Phase
-from trainer.runtime.requeue import Requeue, TimeLimit, cause, decide
-from trainer.runtime.slurm import Batch
-from trainer.runtime.slurmjob import ACCOUNT_FILE, Next, SlurmError, continued
-from trainer.runtime.slurmlogin import Outcome, Queue, batch_script, judged
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import End, EndState, Failure, JobRecord, Kind, Phase
+from trainer.runtime.job.requeue import Requeue, TimeLimit, cause, decide
+from trainer.runtime.slurm.account import ACCOUNT_FILE, Next, SlurmError, continued
+from trainer.runtime.slurm.allocation import Batch
+from trainer.runtime.slurm.login import Outcome, Queue, batch_script, judged
 
 HOMES = ["/home/u"] * 3
 

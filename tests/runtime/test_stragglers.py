@@ -1,4 +1,4 @@
-"""Slow nodes and the job's goodput, decided by the hub (trainer.runtime.hub, .pace, .straggler, .goodput) driven
+"""Slow nodes and the job's goodput, decided by the hub (trainer.runtime.job.hub, .pace, .straggler, .goodput) driven
 directly: members report their trainers' efforts (the step clock's sums, as their heartbeats carry them), time passes,
 and the record says who was named, who replaced whom, and where the job's time went. No sockets, no processes."""
 
@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from tests.runtime.test_hub import Job, plan, report
-from trainer.runtime import goodput, pace, straggler
-from trainer.runtime.messages import TrainerState
-from trainer.runtime.pace import Beat, Effort, Pace, PaceBook
-from trainer.runtime.policy import decide
-from trainer.runtime.record import Attempt, Cause, Failure, Kind, Spent
-from trainer.runtime.straggler import Rules, Treatment
-from trainer.runtime.verdict import first_failure
+from trainer.runtime.job import goodput, pace, straggler
+from trainer.runtime.job.pace import Beat, Effort, Pace, PaceBook
+from trainer.runtime.job.policy import decide
+from trainer.runtime.job.record import Attempt, Cause, Failure, Kind, Spent
+from trainer.runtime.job.straggler import Rules, Treatment
+from trainer.runtime.job.verdict import first_failure
+from trainer.runtime.watch.messages import TrainerState
 
 STEP_S = 0.05  # every node's time per step, unless slowed
 RULES = {"threshold": 0.7, "window": 20, "action": "auto", "cooldown": 100}
@@ -87,7 +87,7 @@ def test_a_node_slow_for_the_window_is_named_and_swapped_for_the_spare_at_a_chec
     first = j.record.first_failure
     assert first is not None and (first.node, first.kind) == ("n1", Kind.SLOW) and "0.25x" in first.reason
     assert any(line.startswith("n1 is a straggler: it trained at 0.25x") for line in j.log), j.log
-    # every trainer stops (checkpointing at a common step: trainer.runtime.node.stop_signal); the spare takes n1's
+    # every trainer stops (checkpointing at a common step: trainer.runtime.host.node.stop_signal); the spare takes n1's
     # rank, exactly as for a lost node
     j.tick(2, "n0", "n1", "n2")
     assert j.record.attempt == 1 and j.record.assignment == {"n0": 0, "n2": 1} and j.record.restarts == 1

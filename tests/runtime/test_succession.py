@@ -1,10 +1,10 @@
-"""Who the next hub is (trainer.runtime.succession): pure decisions, every branch."""
+"""Who the next hub is (trainer.runtime.watch.succession): pure decisions, every branch."""
 
 from __future__ import annotations
 
 from tests.runtime.test_records import a_record
-from trainer.runtime.messages import Mode, NotHub, RecordReply, Says
-from trainer.runtime.succession import (
+from trainer.runtime.watch.messages import Mode, NotHub, RecordReply, Says
+from trainer.runtime.watch.succession import (
     Move,
     Step,
     after_answer,

@@ -19,13 +19,14 @@ import pytest
 
 from tests.runtime.loopback import NET, SECRET, Job, loopback, wait_until
 from tests.runtime.test_plan import job, plans
-from trainer.runtime import layout, schema, wire
-from trainer.runtime.hub import new_record
-from trainer.runtime.member import Member
-from trainer.runtime.messages import IDLE, RecordReply, Report, Says
+from trainer.runtime import layout, schema
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import End, EndState, Phase, changes_from, step, with_changes
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import End, EndState, Phase, changes_from, step, with_changes
-from trainer.runtime.supervisor import Supervisor
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.member import Member
+from trainer.runtime.watch.messages import IDLE, RecordReply, Report, Says
+from trainer.runtime.watch.supervisor import Supervisor
 
 __all__ = ["loopback"]
 HEARTBEAT_TIMEOUT = 60.0  # the launcher's default: members report every 10 s while their trainers run

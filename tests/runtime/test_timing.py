@@ -1,4 +1,4 @@
-"""Every interval of the watch derives from the heartbeat timeout in one place (trainer.runtime.timing), and the
+"""Every interval of the watch derives from the heartbeat timeout in one place (trainer.runtime.job.timing), and the
 orderings the no-split rule needs hold for every setting a plan may carry; a plan whose settings break them is refused
 naming the rule."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.test_plan import job, plans
+from trainer.runtime.job.timing import TICK, TimingError, Timings
 from trainer.runtime.plan import NodePlan, PlanError
-from trainer.runtime.timing import TICK, TimingError, Timings
 
 
 @pytest.mark.parametrize(("heartbeat_timeout", "stop_grace"),

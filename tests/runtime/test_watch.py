@@ -13,9 +13,10 @@ from pathlib import Path
 
 from tests.runtime.loopback import NET, OUTSIDE, SECRET, Job, loopback, wait_until
 from tests.runtime.test_records import report
-from trainer.runtime import layout, schema, wire
-from trainer.runtime.listener import PER_ADDRESS
-from trainer.runtime.record import EndState, Phase
+from trainer.runtime import layout, schema
+from trainer.runtime.job.record import EndState, Phase
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.listener import PER_ADDRESS
 
 __all__ = ["loopback"]
 KEY = wire.Keyring(SECRET)

@@ -1,5 +1,5 @@
-"""The watch's protocol (trainer.runtime.wire): only a holder of the job's secret is heard, nothing can be replayed,
-reordered or reflected, and a line too long is refused before it is kept."""
+"""The watch's protocol (trainer.runtime.watch.wire): only a holder of the job's secret is heard, nothing can be
+replayed, reordered or reflected, and a line too long is refused before it is kept."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainer.runtime import wire
+from trainer.runtime.watch import wire
 
 KEY = wire.Keyring(b"0123456789abcdef0123456789abcdef")
 

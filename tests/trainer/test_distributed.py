@@ -335,7 +335,7 @@ PROBE = textwrap.dedent(
     import json
     from trainer.config import DDPConfig
     from trainer.distributed import DistributedError, resolve_node_rank
-    from trainer.runtime.network import _proc_addresses, interface_addresses, local_addresses, route_interface
+    from trainer.runtime.host.network import _proc_addresses, interface_addresses, local_addresses, route_interface
 
     def rank(urls, world_rank=0):
         ddp = DDPConfig(AUTO_RANK_MATCH=True, WORLD_SIZE=len(urls), WOLRD_URLS=urls, DIST_URL=f"tcp://{urls[0]}:29500",

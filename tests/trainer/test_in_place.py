@@ -1,5 +1,5 @@
 """Restart in place, the trainer's side (trainer/inplace.py), with this test as the nodes' supervisors: two nodes of
-one process each (real gloo, the synthetic H.264 videos), each with its channel folder (trainer.runtime.channel).
+one process each (real gloo, the synthetic H.264 videos), each with its channel folder (trainer.runtime.host.channel).
 
 A process whose attempt ends under it (its peer killed, or its supervisor's word) parks: its group torn down, its
 interpreter, model and loaders kept; handed the next attempt, it forms the new group and resumes from the checkpoint.
@@ -29,8 +29,6 @@ from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, finis
 from tests.trainer.test_train import REPO, free_port
 from trainer import inplace
 from trainer.inplace import InPlace
-from trainer.runtime import channel
-from trainer.runtime.channel import Join, Notice, ProcessReport, ProcState, Who
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     CHANNEL_ENV,
@@ -41,6 +39,8 @@ from trainer.runtime.contract import (
     STANDBY_ENV,
     TRAINER_ENV,
 )
+from trainer.runtime.host import channel
+from trainer.runtime.host.channel import Join, Notice, ProcessReport, ProcState, Who
 from trainer.timeline import Timeline
 
 __all__ = ["uninterrupted"]

@@ -32,7 +32,7 @@ from trainer.errors import UserError
 from trainer.reporting import attempt_from_env, attempt_record, read_metrics, read_records
 from trainer.resume import NodeCheckpoints, choose_checkpoint
 from trainer.runtime.contract import ATTEMPT_ENV, HEARTBEAT_INTERVAL_ENV
-from trainer.runtime.pace import read_beat
+from trainer.runtime.job.pace import read_beat
 
 EPOCHS = 3  # 6 optimizer steps each: 12 clips per rank in batches of 2
 EVERY_STEP = 1e-6  # CHECKPOINT_MINUTES so short that a checkpoint is due after every step

@@ -34,7 +34,8 @@ process that spawns workers passes SIGTERM and SIGUSR1 on to them (errors.STOP_S
 | workers | run this node's workers, in this process or spawned; stop signals; a worker's failure as one exception |
 | collectives | small collectives, no-ops without a group |
 
-This host's interfaces and addresses are ``trainer.runtime.network``'s (standard library: the runtime uses them too).
+This host's interfaces and addresses are ``trainer.runtime.host.network``'s (standard library: the runtime uses them
+too).
 """
 
 from trainer.distributed.collectives import (

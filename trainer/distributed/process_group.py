@@ -18,7 +18,7 @@ from trainer.distributed.context import DistContext, PeerError, Plan
 from trainer.distributed.ranks import node_plan, runtime_cfg
 from trainer.errors import first_line
 from trainer.numa import bind_to_gpu
-from trainer.runtime.channel import ProcState
+from trainer.runtime.host.channel import ProcState
 from trainer.timeline import PROCESS
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ import torch
 
 from trainer.config import Config, DDPConfig
 from trainer.distributed.context import DistContext, DistributedError, Plan, has_gpus
+from trainer.runtime.host.network import interface_addresses
 from trainer.runtime.layout import url_host
-from trainer.runtime.network import interface_addresses
 
 log = logging.getLogger(__name__)
 

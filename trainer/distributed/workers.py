@@ -36,9 +36,9 @@ from trainer.errors import (
 )
 from trainer.heartbeat import start_heartbeat
 from trainer.node_checks import check_runtime
-from trainer.runtime.channel import ProcState
 from trainer.runtime.contract import PARENT_ENV, run_name, thread_budget
-from trainer.runtime.network import interface_addresses, route_interface
+from trainer.runtime.host.channel import ProcState
+from trainer.runtime.host.network import interface_addresses, route_interface
 from trainer.timeline import PROCESS
 
 log = logging.getLogger(__name__)

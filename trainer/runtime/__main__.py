@@ -2,7 +2,7 @@
 
     start JOB_DIR [--hub ADDR]     start the node's supervisor detached (its own session); print its pid and where its
                                    watch listens. The first member starts without --hub: it is the job's hub.
-    status JOB_DIR                 print the node's state of the job (trainer.runtime.nodestate.status)
+    status JOB_DIR                 print the node's state of the job (trainer.runtime.host.nodestate.status)
     wait JOB_DIR SECONDS [--since KEY]
                                    the state once the job's progress (trainer.runtime.report.progress_key) differs
                                    from KEY, the job ended, or SECONDS passed
@@ -12,7 +12,7 @@
     keep-secret JOB_DIR            the launch's key for the job's watch, read from stdin, into the job folder's secret
                                    file: created readable by its owner alone (0600), never in another mode for a moment
     supervise JOB_DIR [--hub ADDR] (what start runs)
-    slurm-VERB LOGIN_JOB_DIR ...   a job on a Slurm site: trainer.runtime.slurm
+    slurm-VERB LOGIN_JOB_DIR ...   a job on a Slurm site: trainer.runtime.slurm.allocation
 
 Every verb but supervise prints one JSON object. The launcher reaches them through trainer.runtime.layout's entry
 point, which finds JOB_DIR and the job's code version on the node.
@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, procs, report
+from trainer.runtime import layout, report
 from trainer.runtime.contract import JOB_DIR_ENV
+from trainer.runtime.host import nodestate, procs
 from trainer.runtime.plan import NodePlan, PlanError
 
 
@@ -119,13 +120,13 @@ def get_args_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0].startswith("slurm-"):  # a job inside a Slurm allocation, and the login host's verbs
-        from trainer.runtime import slurm
+        from trainer.runtime.slurm import allocation as slurm
 
         return slurm.main(argv)
     args = get_args_parser().parse_args(argv)
     job_dir = os.path.realpath(os.path.expanduser(args.job_dir))
     if args.verb == "supervise":
-        from trainer.runtime.supervisor import main as supervise
+        from trainer.runtime.watch.supervisor import main as supervise
 
         return supervise(job_dir, args.hub)
     if args.verb == "start":

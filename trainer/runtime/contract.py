@@ -3,7 +3,7 @@ launcher's plugins import it from here. Standard library only, no torch, no othe
 trainer imports it without importing the runtime, the runtime without the trainer.
 
 - the environment a node's supervisor gives its trainer (and the weights variables a site may set), and the channel
-  between them (its files: trainer.runtime.channel);
+  between them (its files: trainer.runtime.host.channel);
 - what the trainer's exit status tells whoever restarts it;
 - the files of a run directory (LOG.BASE_PATH/EXP_NAME) and which of them the launcher collects;
 - the default weights cache, the run name of ``EXP_NAME: use_time``;
@@ -19,21 +19,22 @@ import os
 import time
 from collections.abc import Mapping
 
-# -- the environment of a job's processes (set by the node's supervisor: trainer.runtime.node) --------------------
-JOB_DIR_ENV = "VIDCLUSTER_JOB_DIR"  # every process of a job: its folder on the node (trainer.runtime.procs)
+# -- the environment of a job's processes (set by the node's supervisor: trainer.runtime.host.node) --------------------
+JOB_DIR_ENV = "VIDCLUSTER_JOB_DIR"  # every process of a job: its folder on the node (trainer.runtime.host.procs)
 TRAINER_ENV = "VIDCLUSTER_TRAINER"  # a job's training processes: the attempt they belong to
 HEARTBEAT_DIR_ENV = "VIDCLUSTER_HEARTBEAT_DIR"  # where each training process writes its heartbeat (trainer.heartbeat)
 HEARTBEAT_INTERVAL_ENV = "VIDCLUSTER_HEARTBEAT_INTERVAL"  # seconds between two beats
-WHERE_SUFFIX = ".where"  # <pid>.where beside <pid>, the beat: where the process is (trainer.runtime.messages.Where)
+# <pid>.where beside <pid>, the beat: where the process is (trainer.runtime.watch.messages.Where)
+WHERE_SUFFIX = ".where"
 ATTEMPT_ENV = "VIDCLUSTER_ATTEMPT"  # a restarted attempt: what failed before it (ATTEMPT_FIELDS, JSON)
 # field -> the JSON types it may have; the supervisor writes exactly these, the trainer checks them
 ATTEMPT_FIELDS: Mapping[str, tuple[type, ...]] = {
     "attempt": (int,), "cause": (str,), "node": (str,), "detected_at": (int, float), "detect_s": (int, float),
     "failed_step": (int, type(None)),
 }
-# The channel between a node's supervisor and its training processes (trainer.runtime.channel): a folder in the node's
-# job folder where each training process reports its attempt, its state and when it reached each phase of the attempt
-# (a benchmark may set it under torchrun: the phases are written whoever starts the trainer).
+# The channel between a node's supervisor and its training processes (trainer.runtime.host.channel): a folder in the
+# node's job folder where each training process reports its attempt, its state and when it reached each phase of the
+# attempt (a benchmark may set it under torchrun: the phases are written whoever starts the trainer).
 CHANNEL_ENV = "VIDCLUSTER_CHANNEL"
 # "1": a training process that loses its peers, or is told its attempt is over, tears down its process group and waits
 # in place for the next attempt (the supervisor's notice in the channel) instead of exiting (trainer.inplace).
@@ -61,7 +62,7 @@ WEIGHTS_ALLOW_HTTP_ENV = "VIDCLUSTER_WEIGHTS_ALLOW_HTTP"  # "1": a plain http mi
 WEIGHTS_TABLE_ENV = "VIDCLUSTER_WEIGHTS_TABLE"
 WEIGHTS_CACHE = "~/.cache/vidcluster/weights"  # without $VIDCLUSTER_WEIGHTS_CACHE; "~": the node's home
 
-# -- exit statuses (trainer.errors raises them, trainer.runtime.verdict reads them) ---------------------------------
+# -- exit statuses (trainer.errors raises them, trainer.runtime.job.verdict reads them) --------------------------------
 EXIT_REJECTED = 2  # the input is bad (config, data, weights): one `error:` line; a restart cannot fix it
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: asked to stop, every rank checkpointed at one step: start again to resume
 

@@ -15,13 +15,13 @@ that share a home directory never share a file. Each file has one writer:
     watch.json       the hub         every member as the job's hub sees it (only on the node that hosts the hub)
     stop.request     the stop verb   a user's stop (stop-training.yml)
     heartbeat/<pid>  each trainer    the process's liveness (trainer/heartbeat.py)
-    channel/         the supervisor  the channel to its trainers (trainer.runtime.channel), made 0700:
+    channel/         the supervisor  the channel to its trainers (trainer.runtime.host.channel), made 0700:
       <pid>.json     each trainer    the process's attempt, state and phases (trainer/timeline.py)
       next-attempt.json  the supervisor  the attempt that is over, and the next one to join in place
     weights-table.json  the launch   the site's table of weights (VIDCLUSTER_WEIGHTS_TABLE), when there is one
     trainer-code.tar.gz  the launch  a code version on its way into <code_root>/<version> (deleted once unpacked)
 
-On a Slurm site the login host has a folder of the job too, with the job's Slurm files (trainer.runtime.slurmjob).
+On a Slurm site the login host has a folder of the job too, with the job's Slurm files (trainer.runtime.slurm.account).
 
 The trainer writes the run directory (the config's LOG.BASE_PATH/EXP_NAME; its files are named in
 trainer.runtime.contract) and the checkpoints (LOG.SAVE_DIR). The trainer code lives in

@@ -7,7 +7,7 @@ hand-edited one with a wrong key, is refused naming the key.
 
 Members are the job's trainers in node-rank order, then its spares. Attempt 0 starts every trainer with the rank
 and rendezvous port the plan gives; a later attempt's ranks and rendezvous come from the job's hub (the ``start``
-message of trainer.runtime.wire), added to ``argv`` as config overrides.
+message of trainer.runtime.watch.wire), added to ``argv`` as config overrides.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainer.runtime import schema
-from trainer.runtime.straggler import Rules
-from trainer.runtime.timing import DEFAULT_HANG_FACTOR, Timings
+from trainer.runtime.job.straggler import Rules
+from trainer.runtime.job.timing import DEFAULT_HANG_FACTOR, Timings
 
 SCHEMA = 1
 
@@ -63,7 +63,7 @@ class Paths:
 @dataclass(frozen=True)
 class Watch:
     """How the nodes watch each other (seconds); every interval of the watch derives from these
-    (trainer.runtime.timing). The defaults are the job description's (trainer.node_config): a plan carries all."""
+    (trainer.runtime.job.timing). The defaults are the job description's (trainer.node_config): a plan carries all."""
 
     heartbeat_timeout: float = 60.0  # no news for this long: a trainer froze or a node is lost
     startup_timeout: float = 300.0  # a member that has not joined the watch this long after the start is lost
@@ -74,7 +74,7 @@ class Watch:
 
 @dataclass(frozen=True)
 class Restarts:
-    """The restart policy (trainer.runtime.policy)."""
+    """The restart policy (trainer.runtime.job.policy)."""
 
     max_restarts: int = 3  # automatic restarts of the job after failures, in all
     node_wait: float = 300.0  # seconds to wait for a lost node to come back when no spare can replace it
@@ -95,7 +95,7 @@ class NodePlan:
     paths: Paths
     watch: Watch
     restarts: Restarts
-    stragglers: Rules  # when a node is named slow, and what the hub does then (trainer.runtime.straggler)
+    stragglers: Rules  # when a node is named slow, and what the hub does then (trainer.runtime.job.straggler)
     data_paths: tuple[tuple[str, str], ...]  # (config key, path) of every input the config reads
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """The job in words, for people: the follow's progress lines, a node's line for training-status.yml, the attempts on
 record and the report of a job that ended badly. Reads what ``python -m trainer.runtime status`` prints
-(trainer.runtime.nodestate.status); decides nothing (trainer.runtime.verdict and the hub do). Used on the
+(trainer.runtime.host.nodestate.status); decides nothing (trainer.runtime.job.verdict and the hub do). Used on the
 controller by roles/ddp_launch's plugins.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer.runtime import schema
-from trainer.runtime.channel import PHASES
-from trainer.runtime.record import End, EndState, Goodput, JobRecord, NodeTimeline, Phase, RecordError
+from trainer.runtime.host.channel import PHASES
+from trainer.runtime.job.record import End, EndState, Goodput, JobRecord, NodeTimeline, Phase, RecordError
 from trainer.runtime.schema import SchemaError
 
 SHOWN_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")

@@ -51,7 +51,7 @@ class ActionModule(ActionBase):
         recheck = float(a.get("recheck_seconds", 120))
         hours = float(a.get("hours", 72))
         silent_since = float(a["silent_since"]) if a.get("silent_since") else None
-        # The runtime's wait; on a Slurm site slurm-wait, on the login host (trainer.runtime.slurm).
+        # The runtime's wait; on a Slurm site slurm-wait, on the login host (trainer.runtime.slurm.allocation).
         argv = [str(a["python"]), "-I", "-c", str(a["entry"]), str(a.get("verb") or "wait"), "--jobs-dir",
                 str(a["jobs_dir"]), "--job", job, "--node", node, str(poll), "--since"]
         heard = {"key": "", "said_silent": False, "ending": 0.0}

@@ -14,9 +14,9 @@ from typing import Any
 from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
 
 report = trainer_module("runtime.report")
-slurmjob = trainer_module("runtime.slurmjob")
+slurmjob = trainer_module("runtime.slurm.account")
 
-# The launch's files in the login host's folder of the job, as trainer/runtime/slurmjob.py names them.
+# The launch's files in the login host's folder of the job, as trainer/runtime/slurm/account.py names them.
 FILES = {"description": slurmjob.DESCRIPTION_FILE, "experiment": slurmjob.EXPERIMENT_FILE}
 
 

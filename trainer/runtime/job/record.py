@@ -1,13 +1,13 @@
 """The job's record: the job as its members know it, a typed value that the hub alone changes
-(trainer.runtime.hub) and every member keeps the newest of.
+(trainer.runtime.job.hub) and every member keeps the newest of.
 
 It says which attempt runs and in which phase, which member has which node rank, the attempt's rendezvous, every
 attempt so far (what ended the one before, when the hub named it, when the one before was over, and each node's
 timeline: how its trainer started and when it reached each phase), the restarts used, the members lost, where each
-member's supervisor listens, and how the job ended; the nodes named slow (trainer.runtime.straggler), what each
-attempt's trainers spent (trainer.runtime.pace) and the job's goodput (trainer.runtime.goodput). Its ``version`` grows
-with every change and its ``term`` with every new hub, so ``newer_than`` orders any two records of a job; a hub that
-takes over carries on from the newest a member kept.
+member's supervisor listens, and how the job ended; the nodes named slow (trainer.runtime.job.straggler), what each
+attempt's trainers spent (trainer.runtime.job.pace) and the job's goodput (trainer.runtime.job.goodput). Its ``version``
+grows with every change and its ``term`` with every new hub, so ``newer_than`` orders any two records of a job; a hub
+that takes over carries on from the newest a member kept.
 
 A record is read from the watch and from a node's state.json only through ``JobRecord.read`` (trainer.runtime.schema:
 exactly these fields, each of its type): a malformed one is refused, never adopted. Everything else reads its fields.
@@ -28,11 +28,12 @@ from enum import StrEnum
 from typing import Any
 
 from trainer.runtime import schema
-from trainer.runtime.pace import Effort
+from trainer.runtime.job.pace import Effort
 from trainer.runtime.schema import JsonObject
 
 SCHEMA = 2
-LAUNCH_VERSION = 1  # the record every node makes from the plan before it hears a hub (trainer.runtime.hub.new_record)
+# The record every node makes from the plan before it hears a hub (trainer.runtime.job.hub.new_record).
+LAUNCH_VERSION = 1
 
 
 class Phase(StrEnum):
@@ -49,7 +50,7 @@ class EndState(StrEnum):
 
 
 class Kind(StrEnum):
-    """Failure kinds, as the node that saw them names them (trainer.runtime.verdict says what each means)."""
+    """Failure kinds, as the node that saw them names them (trainer.runtime.job.verdict says what each means)."""
 
     REJECTED = "rejected"
     STOPPED = "stopped"
@@ -59,7 +60,7 @@ class Kind(StrEnum):
     HUNG = "hung"
     LOST = "lost"
     EXITED = "exited"
-    SLOW = "slow"  # named a straggler and swapped for a spare (trainer.runtime.straggler): not a failure of its own
+    SLOW = "slow"  # named a straggler and swapped for a spare (trainer.runtime.job.straggler): not a failure of its own
     PARKED = "parked"
 
 
@@ -90,7 +91,7 @@ class Cause(Failure):
 
 
 class Start(StrEnum):
-    """How a node's trainer came to an attempt (trainer.runtime.node)."""
+    """How a node's trainer came to an attempt (trainer.runtime.host.node)."""
 
     PROCESS = "process"  # a new trainer process
     STANDBY = "standby"  # the node's standby process, which had done its imports before the attempt needed it
@@ -100,7 +101,7 @@ class Start(StrEnum):
 @dataclass(frozen=True)
 class NodeTimeline:
     """One node's trainer in one attempt: how it started, why not in place when it ran the attempt before, and the
-    wall-clock time each phase was reached by every training process of the node (trainer.runtime.channel.PHASES;
+    wall-clock time each phase was reached by every training process of the node (trainer.runtime.host.channel.PHASES;
     None: not yet)."""
 
     start: Start
@@ -134,7 +135,7 @@ class End:
 
 @dataclass(frozen=True)
 class Straggler:
-    """A node the hub named slow (trainer.runtime.straggler); it is never chosen again for this job."""
+    """A node the hub named slow (trainer.runtime.job.straggler); it is never chosen again for this job."""
 
     named_at: float  # wall clock
     pace: float  # its time per step against the median of the other nodes', when named
@@ -146,7 +147,7 @@ class Straggler:
 
 @dataclass(frozen=True)
 class Spent:
-    """What an ended attempt's trainers spent (trainer.runtime.pace), as its slowest node last reported."""
+    """What an ended attempt's trainers spent (trainer.runtime.job.pace), as its slowest node last reported."""
 
     attempt: int
     effort: Effort
@@ -154,7 +155,7 @@ class Spent:
 
 @dataclass(frozen=True)
 class Goodput:
-    """The job's time from its launch (trainer.runtime.goodput): what advanced training, and what was lost where;
+    """The job's time from its launch (trainer.runtime.job.goodput): what advanced training, and what was lost where;
     the parts add up to ``wall_s``."""
 
     wall_s: float
@@ -177,7 +178,7 @@ class JobRecord:
     schema: int
     version: int
     job: str
-    term: int  # the hub's term: member ``term mod M`` is the hub (trainer.runtime.succession)
+    term: int  # the hub's term: member ``term mod M`` is the hub (trainer.runtime.watch.succession)
     hub: str
     attempt: int
     phase: Phase

@@ -1,7 +1,7 @@
 """The job's goodput: of the wall time from its launch to its end (or now), the part that advanced training, and
 where the rest was lost. Pure: computed from the job's record (its attempts, their causes, and what each attempt's
-trainers spent: trainer.runtime.pace) whenever an attempt starts or the job ends (trainer.runtime.hub), and shown by
-training-status.yml and the follow (trainer.runtime.report).
+trainers spent: trainer.runtime.job.pace) whenever an attempt starts or the job ends (trainer.runtime.job.hub), and
+shown by training-status.yml and the follow (trainer.runtime.report).
 
 Each attempt is cut at its first batch (``training_from``) and at the failure that ended it (its last sign of life,
 ``cause.at``):
@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from trainer.runtime.pace import Effort
-from trainer.runtime.record import Goodput, JobRecord, Kind
+from trainer.runtime.job.pace import Effort
+from trainer.runtime.job.record import Goodput, JobRecord, Kind
 
 FAR = 2.0  # a configured interval this many times longer or shorter than Young's is named
 PLANNED = (Kind.PREEMPTED, Kind.STOPPED, Kind.SLOW, Kind.REJECTED)  # interruptions that lose no training (or end it)

@@ -1,10 +1,10 @@
 """A supervisor's link to the job's hub, as a member: report to the hub and adopt its record (``follow``), and when
-the hub is lost, look for the next one (``search``, by the rules of trainer.runtime.succession).
+the hub is lost, look for the next one (``search``, by the rules of trainer.runtime.watch.succession).
 
 Neither loop ends on what a peer says or on a bug: a bad answer (an attacker at the address a member dials, a hub of
 another version) is refused, said once, and tried again after a pause; the supervisor's tick restarts the task should
-it end anyway (trainer.runtime.supervisor). The connecting side binds its socket to the node's cluster address: the
-listeners admit members by their planned addresses (trainer.runtime.listener).
+it end anyway (trainer.runtime.watch.supervisor). The connecting side binds its socket to the node's cluster address:
+the listeners admit members by their planned addresses (trainer.runtime.watch.listener).
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from trainer.runtime import schema, succession, wire
+from trainer.runtime import schema
+from trainer.runtime.job.timing import Timings
 from trainer.runtime.log import Once, Say
-from trainer.runtime.messages import RecordReply, Reply, Report, Says, read_reply
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.succession import Move
-from trainer.runtime.timing import Timings
+from trainer.runtime.watch import succession, wire
+from trainer.runtime.watch.messages import RecordReply, Reply, Report, Says, read_reply
+from trainer.runtime.watch.succession import Move
 
 
 class Local(Protocol):
-    """What the member needs of its supervisor (trainer.runtime.supervisor.Supervisor)."""
+    """What the member needs of its supervisor (trainer.runtime.watch.supervisor.Supervisor)."""
 
     heard_hub: float  # monotonic: when the hub last answered
 

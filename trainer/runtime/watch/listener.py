@@ -1,12 +1,13 @@
 """The listening side of a supervisor's watch: every supervisor listens on an ephemeral port of its cluster address;
-members connect to say ``join`` and ``report`` (trainer.runtime.messages) and get the supervisor's answer.
+members connect to say ``join`` and ``report`` (trainer.runtime.watch.messages) and get the supervisor's answer.
 
 What an outside host can do to it, and what it costs:
 - a connection from an address that is not one of the plan's members is closed at once, before any hello;
 - a member's address holds at most ``PER_ADDRESS`` connections at once, never another member's; when they are all
-  held, the oldest that has not proven itself (trainer.runtime.wire) yet is closed for the newcomer, so another user
-  of a member's machine holding idle connections cannot keep that member out (only connections that prove themselves,
-  which needs the job's key, or a flood that opens a slot's worth of connections within one handshake, could);
+  held, the oldest that has not proven itself (trainer.runtime.watch.wire) yet is closed for the newcomer, so another
+  user of a member's machine holding idle connections cannot keep that member out (only connections that prove
+  themselves, which needs the job's key, or a flood that opens a slot's worth of connections within one handshake,
+  could);
 - a connection that does not prove itself within the hello timeout is closed; lines are at most the job's line
   limit;
 - a body that does not follow its schema, a member claiming a name that is not its address's, a second name on one
@@ -24,10 +25,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from trainer.runtime import layout, schema, wire
+from trainer.runtime import layout, schema
 from trainer.runtime.log import Once, Say
-from trainer.runtime.messages import NotHub, RecordReply, Reply, Report, read_report
 from trainer.runtime.plan import NodePlan
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.messages import NotHub, RecordReply, Reply, Report, read_report
 
 PER_ADDRESS = 8  # connections at once from one member's address: its link to the hub, a search's asks, stale ones
 REFUSED_KEPT = 64  # addresses whose refusals are counted one by one in watch.json

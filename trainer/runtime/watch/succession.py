@@ -1,5 +1,5 @@
 """Who is the job's hub after its hub is lost: pure decisions, made here and carried out by the supervisor's member
-(trainer.runtime.member) and listener (trainer.runtime.listener).
+(trainer.runtime.watch.member) and listener (trainer.runtime.watch.listener).
 
 Hubs succeed each other in member order (the trainers by node rank, then the spares), by term: the hub of term ``t``
 is member ``t mod M``. A member that has lost its hub first asks that hub once more: one that answers with the record is
@@ -12,7 +12,7 @@ the next term: it asks that term's candidate (a join naming the term). The candi
 - cannot be reached: the member moves on to the next term's candidate (``after_answer``).
 
 A member that is itself the candidate of the term it looks for becomes the hub. Whether a hub so chosen may start an
-attempt is the hub's to decide: only while it hears a majority (trainer.runtime.hub).
+attempt is the hub's to decide: only while it hears a majority (trainer.runtime.job.hub).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from trainer.runtime.messages import Mode, NotHub, RecordReply, Reply
+from trainer.runtime.watch.messages import Mode, NotHub, RecordReply, Reply
 
 
 def candidate(order: Sequence[str], term: int) -> str:

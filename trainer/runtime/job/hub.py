@@ -1,32 +1,33 @@
-"""The job's hub: one member of the job keeps the job's record (trainer.runtime.record) and makes every decision about
-its attempts.
+"""The job's hub: one member of the job keeps the job's record (trainer.runtime.job.record) and makes every decision
+about its attempts.
 
-Pure state: the supervisor's hub host (trainer.runtime.hubhost) feeds it the members' reports (``heard``) and the
+Pure state: the supervisor's hub host (trainer.runtime.watch.hubhost) feeds it the members' reports (``heard``) and the
 passing of time (``tick``), and sends ``record`` back to every member, which starts or stops its trainer to match
-(trainer.runtime.node). No sockets, no processes, no clock of its own: unit tests drive it directly.
+(trainer.runtime.host.node). No sockets, no processes, no clock of its own: unit tests drive it directly.
 
 Phases of an attempt:
     running   every assigned member runs its trainer. All exit 0: the job finished. A failure (a trainer's bad exit,
               a frozen trainer, a hung rank (its step stopped while the others wait for it in a collective:
-              trainer.runtime.verdict.hung, from the ranks' progress in the members' reports), a member silent
+              trainer.runtime.job.verdict.hung, from the ranks' progress in the members' reports), a member silent
               for the heartbeat timeout): the hub names the first failure
-              (trainer.runtime.verdict) and stops the attempt, at once when it is a kill, a freeze, a loss, a bad
+              (trainer.runtime.job.verdict) and stops the attempt, at once when it is a kill, a freeze, a loss, a bad
               input or a stop, else after a short settling time (its cause may still arrive);
     stopping  every assigned member stops its trainer; one that does not confirm within the grace time is lost (a
               trainer that rejected its input and exits only now, after its peers parked, is named the cause).
               Then, if every trainer exited 0 (the stop, a user's or a preemption, came after the last step), the
-              job finished; else the policy (trainer.runtime.policy) ends the job, restarts it, or waits;
+              job finished; else the policy (trainer.runtime.job.policy) ends the job, restarts it, or waits;
     waiting   for a lost node to come back (no spare), or for a majority of members to start the next attempt;
     ended     ``record.end`` says how.
 
-While an attempt runs the hub also scores every node's pace against the others' (trainer.runtime.pace) and names a
-node slow for a whole window a straggler: in the record, and, when the rules allow (trainer.runtime.straggler), swapped
-for a spare: the attempt stops with a checkpoint at a common step and the next one starts with the spare in its rank,
-as a lost node is replaced. At each new attempt and at the end it writes the job's goodput (trainer.runtime.goodput).
+While an attempt runs the hub also scores every node's pace against the others' (trainer.runtime.job.pace) and names a
+node slow for a whole window a straggler: in the record, and, when the rules allow (trainer.runtime.job.straggler),
+swapped for a spare: the attempt stops with a checkpoint at a common step and the next one starts with the spare in its
+rank, as a lost node is replaced. At each new attempt and at the end it writes the job's goodput
+(trainer.runtime.job.goodput).
 
 An attempt starts only while a majority of the job's members (trainers and spares) have been heard within the lease
-(trainer.runtime.timing): two groups of nodes cut off from each other can never both train (see
-trainer.runtime.supervisor).
+(trainer.runtime.job.timing): two groups of nodes cut off from each other can never both train (see
+trainer.runtime.watch.supervisor).
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from trainer.runtime import goodput, layout, schema, straggler
-from trainer.runtime.messages import Report, TrainerState
-from trainer.runtime.pace import PaceBook, rounded
-from trainer.runtime.plan import NodePlan
-from trainer.runtime.policy import Action, decide
-from trainer.runtime.record import (
+from trainer.runtime import layout, schema
+from trainer.runtime.job import goodput, straggler
+from trainer.runtime.job.pace import PaceBook, rounded
+from trainer.runtime.job.policy import Action, decide
+from trainer.runtime.job.record import (
     LAUNCH_VERSION,
     SCHEMA,
     Attempt,
@@ -54,9 +54,11 @@ from trainer.runtime.record import (
     Phase,
     Spent,
 )
-from trainer.runtime.roster import MemberView, Roster
+from trainer.runtime.job.roster import MemberView, Roster
+from trainer.runtime.job.verdict import exit_failure, first_failure, hung, no_consequence, words
+from trainer.runtime.plan import NodePlan
 from trainer.runtime.schema import JsonObject
-from trainer.runtime.verdict import exit_failure, first_failure, hung, no_consequence, words
+from trainer.runtime.watch.messages import Report, TrainerState
 
 Log = Callable[[str], None]
 
@@ -267,7 +269,7 @@ class Hub:
 
     def _check_stragglers(self, now: float, wall: float) -> None:
         """Name the nodes slow for a whole window; swap one for a spare when the rules allow: every node's trainer
-        checkpoints at a common step first (trainer.runtime.straggler, .node.stop_signal)."""
+        checkpoints at a common step first (trainer.runtime.job.straggler, .node.stop_signal)."""
         paces = self.paces.paces(self.record.attempt, self.record.assignment)
         turn = straggler.turn(self.slow, self.record, paces, next(iter(self._spares(now)), None), now, wall)
         for line in turn.said:
@@ -374,7 +376,7 @@ class Hub:
     def _restart(self, assignment: dict[str, int], replaced: Mapping[str, str], reason: str, now: float,
                  wall: float) -> None:
         if self.took_over and now - self.started < self.timings.takeover_wait:
-            return  # a hub that took over lets the old attempt's last processes end first (trainer.runtime.timing)
+            return  # a hub that took over lets the old attempt's last processes end first (trainer.runtime.job.timing)
         if not self.members.has_quorum(now):
             fresh, needed = self.members.quorum(now)
             if self.record.phase != Phase.WAITING or "majority" not in self.record.waiting:

@@ -1,7 +1,7 @@
 """The Slurm batch step's decision once its members' step has ended: the end on record stands, or Slurm requeues the
-job, and whether the requeue counts as a restart. Pure: the batch step (trainer.runtime.slurm) feeds it what it knows
-and carries the decision out. Inside the allocation the restart policy (trainer.runtime.policy) heals what the
-allocation's nodes can; this decides only what they cannot.
+job, and whether the requeue counts as a restart. Pure: the batch step (trainer.runtime.slurm.allocation) feeds it what
+it knows and carries the decision out. Inside the allocation the restart policy (trainer.runtime.job.policy) heals what
+the allocation's nodes can; this decides only what they cannot.
 
 In order:
 1. a cancel (SIGTERM from Slurm) without the time limit's signal: the job stopped;
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.runtime.record import Cause, End, EndState, JobRecord, Kind
+from trainer.runtime.job.record import Cause, End, EndState, JobRecord, Kind
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A Slurm job from the login host (standard library only): its batch script and sbatch, its status and its wait, from
-Slurm's queue (scontrol) and its hub's state in the shared home, and its stop (scancel). trainer.runtime.slurm says
-what runs inside the allocation; trainer.runtime.slurmjob what both share.
+Slurm's queue (scontrol) and its hub's state in the shared home, and its stop (scancel).
+trainer.runtime.slurm.allocation says what runs inside the allocation; trainer.runtime.slurm.account what both share.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, report, schema
-from trainer.runtime.hub import new_record
-from trainer.runtime.messages import Mode
+from trainer.runtime import layout, report, schema
+from trainer.runtime.host import nodestate
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import End, EndState, JobRecord, Phase
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import End, EndState, JobRecord, Phase
-from trainer.runtime.slurmjob import (
+from trainer.runtime.slurm.account import (
     BATCH_LOG,
     SCRIPT_FILE,
     SUBMITTED_FILE,
@@ -30,6 +30,7 @@ from trainer.runtime.slurmjob import (
     read_json,
     run,
 )
+from trainer.runtime.watch.messages import Mode
 
 
 class SlurmState(StrEnum):
@@ -58,7 +59,7 @@ GONE = "gone"  # the status's Slurm state once Slurm no longer knows the job
 
 
 class Status(StrEnum):
-    """The job's state in its status: trainer.runtime.nodestate.status's words for it."""
+    """The job's state in its status: trainer.runtime.host.nodestate.status's words for it."""
 
     NONE = "none"
     RUNNING = "running"
@@ -96,11 +97,11 @@ def batch_script(login: NodePlan, login_dir: str, options: dict[str, Any]) -> st
     return "\n".join([
         f"#!{login.paths.env_python} -{''.join(flag.lstrip('-') for flag in layout.RUNTIME_FLAGS)}",
         *(f"#SBATCH {option}" for option in asked),
-        f'"""VidCluster job {login.job}: its batch step (trainer.runtime.slurm). Written by slurm-submit."""',
+        f'"""VidCluster job {login.job}: its batch step (trainer.runtime.slurm.allocation; slurm-submit wrote it)."""',
         "import sys",
         f"sys.path.insert(0, {json.dumps(login.paths.code_dir)})",
-        "from trainer.runtime import slurm  # noqa: E402",
-        f"sys.exit(slurm.batch({json.dumps(login_dir)}, {json.dumps(settings)}))",
+        "from trainer.runtime.slurm import allocation  # noqa: E402",
+        f"sys.exit(allocation.batch({json.dumps(login_dir)}, {json.dumps(settings)}))",
         "",
     ])
 
@@ -153,10 +154,10 @@ def judged(known: JobRecord | None, launched: JobRecord, previous: JobRecord | N
 
 
 def status(login_dir: str) -> dict[str, Any]:
-    """The job as the follow and training-status.yml read it (trainer.runtime.nodestate.status's shape, as the hub's
-    state: ``mode`` hub), with ``slurm`` (the queue's view and every allocation) and ``nodes`` (every member's state
-    in the latest allocation). Its end is the batch step's word, or Slurm's when the job left the queue without one:
-    while the job is in Slurm's hands (queued, starting, or deciding after an end on record, which a requeue may
+    """The job as the follow and training-status.yml read it (trainer.runtime.host.nodestate.status's shape, as the
+    hub's state: ``mode`` hub), with ``slurm`` (the queue's view and every allocation) and ``nodes`` (every member's
+    state in the latest allocation). Its end is the batch step's word, or Slurm's when the job left the queue without
+    one: while the job is in Slurm's hands (queued, starting, or deciding after an end on record, which a requeue may
     follow) its record says it waits, and for what."""
     login = NodePlan.read(posixpath.join(login_dir, layout.PLAN_FILE))
     submitted = read_json(posixpath.join(login_dir, SUBMITTED_FILE))
@@ -203,7 +204,7 @@ def wait(login_dir: str, seconds: float, since: str) -> dict[str, Any]:
 
 
 def stop(login_dir: str, grace: float) -> dict[str, Any]:
-    """The job's checkpoint at a common step, then scancel (see trainer.runtime.slurm); idempotent."""
+    """The job's checkpoint at a common step, then scancel (see trainer.runtime.slurm.allocation); idempotent."""
     current = status(login_dir)
     if current["state"] != Status.RUNNING:
         return {"changed": False, **current}

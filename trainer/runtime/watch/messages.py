@@ -1,14 +1,15 @@
-"""What the supervisors of a job say to each other over the watch (trainer.runtime.wire carries the bodies), and a
+"""What the supervisors of a job say to each other over the watch (trainer.runtime.watch.wire carries the bodies), and a
 node's own state: typed values, each body checked at the door (``read_report``, ``read_reply``; trainer.runtime.schema)
 and refused when it does not fit.
 
 A member says (``Report``) ``join`` on a new connection, with the record it holds once it has heard a hub, then
-``report`` every ``report_every`` seconds (trainer.runtime.timing), and at once when its trainer starts, exits or
+``report`` every ``report_every`` seconds (trainer.runtime.job.timing), and at once when its trainer starts, exits or
 fails. The hub answers each with its record (``RecordReply``), or, when the report says the member holds the hub's
 record already, with ``unchanged`` and no record, or, when the member holds a recent version, with the ``changes`` since
-(trainer.runtime.record.Changes): the record names every member, so sending it on every report would cost the hub
-members² bytes per report period, and every member the whole record's reading at every change (trainer.runtime.hubhost).
-A supervisor that is not the hub answers where the hub is (``NotHub``) and closes the connection.
+(trainer.runtime.job.record.Changes): the record names every member, so sending it on every report would cost the hub
+members² bytes per report period, and every member the whole record's reading at every change
+(trainer.runtime.watch.hubhost). A supervisor that is not the hub answers where the hub is (``NotHub``) and closes the
+connection.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from enum import StrEnum
 from typing import Any
 
 from trainer.runtime import schema
-from trainer.runtime.pace import Pace
-from trainer.runtime.record import Changes, End, JobRecord, Kind, NodeTimeline, read_fields
+from trainer.runtime.job.pace import Pace
+from trainer.runtime.job.record import Changes, End, JobRecord, Kind, NodeTimeline, read_fields
 from trainer.runtime.schema import JsonObject
 
 
@@ -28,7 +29,7 @@ class Mode(StrEnum):
     """A supervisor's part in the watch."""
 
     MEMBER = "member"  # reports to the hub
-    SEARCHING = "searching"  # lost its hub, looks for the next one (trainer.runtime.succession)
+    SEARCHING = "searching"  # lost its hub, looks for the next one (trainer.runtime.watch.succession)
     HUB = "hub"  # keeps the job's record
 
 
@@ -71,7 +72,7 @@ IDLE = Trainer(attempt=None, state=TrainerState.IDLE, rank=None, pid=None, rc=No
 # Where a training process is in its step (``Where.phase``): a collective's phase is COLLECTIVE and its name.
 DATA, COMPUTE, CHECKPOINT, EVALUATE, STARTING = "data", "compute", "checkpoint", "evaluate", "starting"
 COLLECTIVE = "collective:"
-UNJUDGED = (STARTING, EVALUATE)  # no step is due in them: a rank there is never hung (trainer.runtime.verdict.hung)
+UNJUDGED = (STARTING, EVALUATE)  # no step is due in them: a rank there is never hung (trainer.runtime.job.verdict.hung)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class Report:
     port_offer: int | None  # a free port here: the next attempt's rendezvous if this node gets rank 0
     record: JobRecord | None  # a join: the record this member holds, unless the launch's (joined_with); a hub that
     # took over learns the job from it
-    pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.pace)
+    pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.job.pace)
     timeline: NodeTimeline | None  # its trainer's timeline in its attempt (the trainer's attempt)
     ranks: tuple[RankProgress, ...] = ()  # its trainer's ranks' progress in its attempt (the hub finds a hung one)
 

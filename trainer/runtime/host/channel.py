@@ -4,7 +4,7 @@
 Each training process reports itself in ``<pid>.json`` (``ProcessReport``, written by trainer/timeline.py): the attempt
 it belongs to, its global rank, its state (a standby: imported and waiting to be handed an attempt; training; parked:
 its attempt is over, its process group torn down, and it waits in place for the next attempt), and the wall-clock time
-it reached each phase of its attempt (``PHASES``). The supervisor (trainer.runtime.node) reads them every tick: a
+it reached each phase of its attempt (``PHASES``). The supervisor (trainer.runtime.host.node) reads them every tick: a
 node's phases are reached when every training process of the node has reached them.
 
 A process that writes its report also writes a byte into the FIFO ``wake``, which the supervisor's loop reads: the

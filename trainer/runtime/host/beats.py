@@ -1,6 +1,6 @@
 """What a node's training processes say through their heartbeats (trainer/heartbeat.py writes them): which one froze,
-where each rank is in its step, and the effort their step clocks count. Read here, for the node (trainer.runtime.node),
-which reports them to the hub.
+where each rank is in its step, and the effort their step clocks count. Read here, for the node
+(trainer.runtime.host.node), which reports them to the hub.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainer.runtime import layout
-from trainer.runtime.channel import ProcessReport
 from trainer.runtime.contract import WHERE_SUFFIX
-from trainer.runtime.messages import UNJUDGED, RankProgress, Where
-from trainer.runtime.pace import Beat, Effort, node_effort, read_beat
+from trainer.runtime.host.channel import ProcessReport
+from trainer.runtime.job.pace import Beat, Effort, node_effort, read_beat
+from trainer.runtime.job.timing import Timings
 from trainer.runtime.schema import SchemaError, parse
-from trainer.runtime.timing import Timings
+from trainer.runtime.watch.messages import UNJUDGED, RankProgress, Where
 
 
 class Heartbeats:
@@ -27,7 +27,7 @@ class Heartbeats:
         self.timings = timings
 
     def beats(self) -> list[tuple[int, Beat]]:
-        """(pid, heartbeat) of every training process that beats here (trainer.runtime.pace.Beat)."""
+        """(pid, heartbeat) of every training process that beats here (trainer.runtime.job.pace.Beat)."""
         beats = []
         for path in self.folder.iterdir() if self.folder.is_dir() else []:
             beat = read_beat(path) if path.name.isdigit() else None
@@ -71,5 +71,5 @@ class Heartbeats:
 
     def effort(self, workers: int) -> Effort | None:
         """The node's effort, once each of its ``workers`` training processes has a step clock
-        (trainer.runtime.pace.node_effort)."""
+        (trainer.runtime.job.pace.node_effort)."""
         return node_effort((beat.effort for _, beat in self.beats() if beat.effort is not None), workers)

@@ -1,10 +1,10 @@
-"""The supervisor that hosts the job's hub (trainer.runtime.hub): it answers members with the record, feeds the hub
+"""The supervisor that hosts the job's hub (trainer.runtime.job.hub): it answers members with the record, feeds the hub
 its own member's reports and the time, keeps the hub's picture in watch.json, and knows when every member has heard
 the job's end (then the hub's supervisor may leave).
 
 The record names every member, so it is sent only to a member that lacks it: a member that holds the current version
 is answered ``unchanged``; one that holds a recent version of this hub's record (one of the last ``KEPT_PER_MEMBER``
-per member answered) gets the changes since (trainer.runtime.record.Changes: members' addresses and timelines, the
+per member answered) gets the changes since (trainer.runtime.job.record.Changes: members' addresses and timelines, the
 attempts started, the fields changed); any other gets the whole record (a join, a member far behind, a hub that took
 over). So a report period costs the hub bytes in proportion to the members, not to their square, and a failure or an
 attempt costs each member what changed, not the whole record's reading.
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainer.runtime.hub import Hub
-from trainer.runtime.messages import RecordReply, Report, Says
-from trainer.runtime.record import Changes, JobRecord, Step, changes_from, step
+from trainer.runtime.job.hub import Hub
+from trainer.runtime.job.record import Changes, JobRecord, Step, changes_from, step
 from trainer.runtime.schema import JsonObject
+from trainer.runtime.watch.messages import RecordReply, Report, Says
 
 KEPT_PER_MEMBER = 4  # versions answered, per member, whose changes to the current one the hub can still send
 

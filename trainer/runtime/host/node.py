@@ -4,23 +4,23 @@ watched.
 The supervisor calls ``reconcile`` with every record it hears and ``poll`` every tick; the node starts the trainer for
 an attempt that assigns it a rank (once per attempt), stops it when the record no longer wants it, notices when it
 exits or freezes, and says so in ``trainer``, ``trouble``, ``timeline`` and ``pace`` (what its steps spend their time
-on: trainer.runtime.pace, from the trainer's heartbeats), which go to the hub in the member's reports.
+on: trainer.runtime.job.pace, from the trainer's heartbeats), which go to the hub in the member's reports.
 
 Restart in place (the plan's ``restarts.in_place``, trainer/inplace.py): when an attempt is over, the trainer is told
-so in the channel (trainer.runtime.channel) instead of being stopped; it tears down its process group and parks,
+so in the channel (trainer.runtime.host.channel) instead of being stopped; it tears down its process group and parks,
 keeping its interpreter, model and data loaders, and the next attempt is handed to it in the channel. A node whose
 trainer is gone starts the next attempt in its standby: a trainer process started ahead of need (once the trainer has
 taken its first step, so as not to slow its start), which has done its imports and waits to be handed an attempt.
 Without either, a new process. A trainer that does not park within the plan's stop grace after it was told to leave
 is killed, and the next attempt starts without it (the timeline's ``fallback`` says why, and the attempt's ``killed``).
 
-A trainer whose rank the hub names hung (trainer.runtime.verdict.hung: from the ranks' progress, ``ranks``, which each
-process's heartbeat carries) gets SIGKILL at once, as a frozen one: its main thread is stuck, so it can neither park
-nor stop. On nccl each trainer keeps PyTorch's flight recorder, which dumps into the attempt's folder of the job's
+A trainer whose rank the hub names hung (trainer.runtime.job.verdict.hung: from the ranks' progress, ``ranks``, which
+each process's heartbeat carries) gets SIGKILL at once, as a frozen one: its main thread is stuck, so it can neither
+park nor stop. On nccl each trainer keeps PyTorch's flight recorder, which dumps into the attempt's folder of the job's
 ``flight/`` on a collective's timeout or error (contract.nccl_env); the attempt's timeline lists the dumps.
 
 Stopping: a trainer that is stopped because the job no longer wants it gets SIGTERM; one stopped for a user, a
-preemption or a straggler's swap (trainer.runtime.straggler) gets SIGUSR1 (the trainer then checkpoints at a step
+preemption or a straggler's swap (trainer.runtime.job.straggler) gets SIGUSR1 (the trainer then checkpoints at a step
 every rank agrees on and exits with status 75); a frozen or hung one gets SIGKILL. Whatever is left after the plan's
 stop grace gets SIGKILL, and the attempt's timeline says so (``killed``): never the normal path.
 """
@@ -39,9 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import channel, layout, procs
-from trainer.runtime.beats import Heartbeats
-from trainer.runtime.channel import PHASES, Join, Notice, ProcessReport, ProcState, Who
+from trainer.runtime import layout
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     ATTEMPT_FIELDS,
@@ -57,13 +55,16 @@ from trainer.runtime.contract import (
     nccl_env,
     thread_budget,
 )
-from trainer.runtime.messages import IDLE, RankProgress, Trainer, TrainerState, Trouble
-from trainer.runtime.nodestate import read_json
-from trainer.runtime.pace import Pace
+from trainer.runtime.host import channel, procs
+from trainer.runtime.host.beats import Heartbeats
+from trainer.runtime.host.channel import PHASES, Join, Notice, ProcessReport, ProcState, Who
+from trainer.runtime.host.nodestate import read_json
+from trainer.runtime.job.pace import Pace
+from trainer.runtime.job.record import JobRecord, Kind, NodeTimeline, Phase, Start
+from trainer.runtime.job.verdict import exit_failure
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import JobRecord, Kind, NodeTimeline, Phase, Start
 from trainer.runtime.schema import JsonObject
-from trainer.runtime.verdict import exit_failure
+from trainer.runtime.watch.messages import IDLE, RankProgress, Trainer, TrainerState, Trouble
 
 PROGRESS_LIMIT = 16 * 1024  # bytes of rank 0's status.json a report carries whole (the watch's lines are bounded)
 PROGRESS_KEYS = ("state", "epoch", "epochs", "step", "steps_per_epoch", "metrics", "clips_per_s", "eta_s")
@@ -359,7 +360,8 @@ class Node:
         return len(mine) >= self.plan.workers and all(r.state == ProcState.PARKED for r in mine)
 
     def ranks(self) -> tuple[RankProgress, ...]:
-        """Where each rank of the running attempt is (trainer.runtime.beats.Heartbeats.ranks: every rank or none)."""
+        """Where each rank of the running attempt is (trainer.runtime.host.beats.Heartbeats.ranks: every rank or
+        none)."""
         return self.heartbeats.ranks(self._mine()) if self.running else ()
 
     def stalled(self) -> bool:

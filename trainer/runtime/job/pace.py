@@ -1,6 +1,7 @@
 """How fast each node trains: what its training processes spend their optimizer steps on, carried from each process
 to its node's supervisor in its heartbeat, summed up for the node in the member's reports, and scored at the hub
-against the other nodes (trainer.runtime.straggler names the slow ones; trainer.runtime.goodput counts the job's time).
+against the other nodes (trainer.runtime.job.straggler names the slow ones; trainer.runtime.job.goodput counts the job's
+time).
 
 A training process (trainer/pace.py keeps the sums, trainer/heartbeat.py writes them) writes its heartbeat
 ``$VIDCLUSTER_HEARTBEAT_DIR/<pid>`` as one line of JSON, a ``Beat``: its monotonic clock, and its ``Effort`` since its

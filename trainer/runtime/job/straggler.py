@@ -1,5 +1,5 @@
 """Slow nodes (stragglers): when a node is named, and what the hub does about it. Pure decisions; the hub
-(trainer.runtime.hub) feeds them the nodes' paces (trainer.runtime.pace) and carries them out.
+(trainer.runtime.job.hub) feeds them the nodes' paces (trainer.runtime.job.pace) and carries them out.
 
 In data-parallel training one slow node (a GPU throttling, a bad link, a noisy neighbour, a disk half-dead) holds
 every step of every node back to its pace, and nothing fails. A node is *slow* while its pace (the median time per
@@ -10,8 +10,8 @@ step of the attempt's other nodes over its own) is below ``threshold``; it is *n
     auto      replace, when the job has a spare; report otherwise (the default)
     replace   at the next optimizer step every rank checkpoints at the same step and the attempt ends (a
               preemption's stop: no step is lost); the next attempt starts with a spare in the slow node's rank,
-              exactly as a lost node is replaced (trainer.runtime.policy). The node is marked in the job's record and
-              never chosen again for this job
+              exactly as a lost node is replaced (trainer.runtime.job.policy). The node is marked in the job's record
+              and never chosen again for this job
     report    named in the record, the follow and the status; it trains on
     off       never named (paces are still shown in the hub's picture)
 
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from trainer.runtime.record import JobRecord, Straggler
+from trainer.runtime.job.record import JobRecord, Straggler
 
 MEASURE_REPORTS = 2  # a node's time per step is measured over at least two reports' time
 

@@ -1,6 +1,6 @@
 """A Slurm job's folder on the login host, the batch step's typed account of the job in it, and Slurm's commands
-(standard library only): what the batch step (trainer.runtime.slurm) and the login host's verbs
-(trainer.runtime.slurmlogin) share.
+(standard library only): what the batch step (trainer.runtime.slurm.allocation) and the login host's verbs
+(trainer.runtime.slurm.login) share.
 
 The login host's folder of a job holds (one writer each):
     plan.json, launch.json, experiment.yaml, secret   the launch (its paths; the job for the renderer; the config; key)
@@ -23,11 +23,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, schema
-from trainer.runtime.hub import new_record
+from trainer.runtime import layout, schema
+from trainer.runtime.host import nodestate
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import Cause, EndState, JobRecord, RecordError
+from trainer.runtime.job.requeue import Requeue
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import Cause, EndState, JobRecord, RecordError
-from trainer.runtime.requeue import Requeue
 
 DESCRIPTION_FILE = layout.DESCRIPTION_FILE
 EXPERIMENT_FILE = "experiment.yaml"

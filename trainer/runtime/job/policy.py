@@ -1,12 +1,12 @@
 """The restart policy: once an attempt has ended badly, end the job, wait for a lost node, or restart, and with which
-nodes in which ranks. Pure: the hub (trainer.runtime.hub) feeds it what it knows and carries out the decision.
+nodes in which ranks. Pure: the hub (trainer.runtime.job.hub) feeds it what it knows and carries out the decision.
 
 In order:
 1. a user's stop ends the job (stopped); a bad input (the trainer's exit status 2) ends it (failed): a restart
    cannot fix either;
 2. no restart left (``max_restarts`` used) ends it;
 3. a node is replaced by a spare when it was lost, when it fails again in the attempt after a restart, or when the
-   hub stopped the attempt to swap it as a straggler (kind slow: trainer.runtime.straggler); the spare
+   hub stopped the attempt to swap it as a straggler (kind slow: trainer.runtime.job.straggler); the spare
    takes its node rank (the world size never changes, so neither does the global batch). When the rank-0 node is
    replaced, rank 0 goes to the node that had rank 1 (it holds the second copy of the checkpoints and the run's
    history) and the spare takes rank 1; every other node keeps its rank;
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from trainer.runtime.contract import COPY_NODE_RANK
-from trainer.runtime.record import EndState, Failure, Kind
-from trainer.runtime.verdict import words
+from trainer.runtime.job.record import EndState, Failure, Kind
+from trainer.runtime.job.verdict import words
 
 
 class Action(StrEnum):

@@ -2,8 +2,8 @@
 else, with the ordering the no-split rule needs checked (NVIDIA's resiliency extension derives its timeouts the same
 way, in timeouts_calc.py).
 
-The rule (trainer.runtime.supervisor): two groups of nodes cut off from each other never both train. A hub starts an
-attempt only while it hears a majority; after a cut that leaves the hub without one, from the moment C of the cut:
+The rule (trainer.runtime.watch.supervisor): two groups of nodes cut off from each other never both train. A hub starts
+an attempt only while it hears a majority; after a cut that leaves the hub without one, from the moment C of the cut:
 
     the old hub stops its attempt    once the members it no longer hears leave its majority, ``lease`` after it last
                                      heard them (at C - ``report_every`` or later), on its next tick; its members learn
@@ -16,11 +16,11 @@ attempt only while it hears a majority; after a cut that leaves the hub without 
 So lease < loss (the old hub gives up first), and takeover_wait is the stop grace and what the old hub's side needs
 beyond ``loss`` to pass its stop on: ``check`` asserts both orderings, whatever changes the formulas here.
 
-A rank is hung (trainer.runtime.verdict.hung) when its step has not advanced for ``hang_factor`` times its usual step
-time, and no less than ``hang_floor`` (15 s, or the heartbeat timeout when that is shorter; ``checkpoint_floor``, the
-heartbeat timeout, for a rank saving a checkpoint, which a large model's takes), while the other ranks wait for it in a
-collective. A member whose ranks have stalled for ``stall_report`` reports at the ``waiting_report`` cadence, so that
-the hub judges them, and the hung node hears it, within moments of the floor: a stuck rank is named, and the job
+A rank is hung (trainer.runtime.job.verdict.hung) when its step has not advanced for ``hang_factor`` times its usual
+step time, and no less than ``hang_floor`` (15 s, or the heartbeat timeout when that is shorter; ``checkpoint_floor``,
+the heartbeat timeout, for a rank saving a checkpoint, which a large model's takes), while the other ranks wait for it
+in a collective. A member whose ranks have stalled for ``stall_report`` reports at the ``waiting_report`` cadence, so
+that the hub judges them, and the hung node hears it, within moments of the floor: a stuck rank is named, and the job
 restarted, within 30 s of its last step at the defaults (a 60 s heartbeat timeout, whose reports come every 10 s).
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 DEFAULT_HANG_FACTOR = 10.0  # the plan's watch.hang_factor when the job description has none (vidcluster_hang_factor)
 MIN_HANG_FACTOR = 2.0  # below this, an uneven step would be taken for a hang
 # A rank's step stalls this long at least before it is hung: far beyond a step of a healthy GPU job (0.2 to 2 s) and
-# beyond that of a node slowed tenfold (a straggler, which trainer.runtime.straggler swaps, not a hang), short enough
-# for the job to restart within 30 s of a stuck rank's last step.
+# beyond that of a node slowed tenfold (a straggler, which trainer.runtime.job.straggler swaps, not a hang), short
+# enough for the job to restart within 30 s of a stuck rank's last step.
 HANG_FLOOR_S = 15.0
 TICK = 0.5  # a supervisor's tick: it polls its trainer and acts on the record this often
 # A member whose trainer has stopped (exited or parked) asks the hub what comes next this often at least: the next

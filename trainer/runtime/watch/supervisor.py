@@ -1,29 +1,29 @@
 """A node's supervisor: one process per node and job, started detached by ``python -m trainer.runtime start``.
 
-It runs the node's trainer (trainer.runtime.node) as the job's record says, and takes part in the job's watch. Its
+It runs the node's trainer (trainer.runtime.host.node) as the job's record says, and takes part in the job's watch. Its
 parts, one asyncio loop and one thread (no locks):
 
-    listener   trainer.runtime.listener: every supervisor listens on an ephemeral port of its cluster address
-               (authenticated: trainer.runtime.wire) and answers members;
-    member     trainer.runtime.member: a supervisor that is not the hub reports to the hub every ``report_every``
-               seconds (trainer.runtime.timing) and adopts its record; it reports at once when its trainer starts,
+    listener   trainer.runtime.watch.listener: every supervisor listens on an ephemeral port of its cluster address
+               (authenticated: trainer.runtime.watch.wire) and answers members;
+    member     trainer.runtime.watch.member: a supervisor that is not the hub reports to the hub every ``report_every``
+               seconds (trainer.runtime.job.timing) and adopts its record; it reports at once when its trainer starts,
                exits, fails, parks or reaches a phase of its attempt, and every ``waiting_report`` seconds while its
                trainer has run and does not run now (the hub's next word, the job's end or its next attempt, is what
                it waits for) or while a rank's step has stalled (``Node.stalled``: a hang is judged, and the hung
                node hears it, within moments);
-    hub host   trainer.runtime.hubhost: the supervisor that is the job's hub answers with the record;
+    hub host   trainer.runtime.watch.hubhost: the supervisor that is the job's hub answers with the record;
     tick       ``Supervisor.tick``, every TICK, and at once when a child process ends, a training process reports
-               (the channel's FIFO: trainer.runtime.channel) or, on the hub, a member's trainer changed: polls the
+               (the channel's FIFO: trainer.runtime.host.channel) or, on the hub, a member's trainer changed: polls the
                trainer, acts on the record, writes the node's state, and restarts the member's task should it have
                ended.
 
 The hub at launch is the first member (the rank-0 node). A member that has not heard its hub for the loss time stops
 its trainer (gloo cannot abort a collective that waits on a lost peer) and looks for the next hub
-(trainer.runtime.succession: a pure decision). A hub starts an attempt only while it hears a majority of the members,
-and stops its running attempt as soon as it does not (trainer.runtime.hub). The others notice its loss only after the
-loss time, and a hub that took over waits longer still before its first attempt: by then the old attempt's processes
-are gone everywhere (the orderings are checked in trainer.runtime.timing). So nodes cut off from a majority never
-train, whichever side the old hub is on, and two groups can never both run the job.
+(trainer.runtime.watch.succession: a pure decision). A hub starts an attempt only while it hears a majority of the
+members, and stops its running attempt as soon as it does not (trainer.runtime.job.hub). The others notice its loss only
+after the loss time, and a hub that took over waits longer still before its first attempt: by then the old attempt's
+processes are gone everywhere (the orderings are checked in trainer.runtime.job.timing). So nodes cut off from a
+majority never train, whichever side the old hub is on, and two groups can never both run the job.
 
 Signals: SIGTERM or SIGUSR1 with a stop request (stop-training.yml) is a user's stop: the trainer checkpoints at a
 common step, the job ends "stopped". Without a request they are a preemption: the trainer checkpoints and exits, and
@@ -42,18 +42,20 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import channel, layout, nodestate, succession, wire
-from trainer.runtime.hub import Hub, new_record
-from trainer.runtime.hubhost import HubHost
-from trainer.runtime.listener import Listener
+from trainer.runtime import layout
+from trainer.runtime.host import channel, nodestate
+from trainer.runtime.host.node import Node
+from trainer.runtime.job.hub import Hub, new_record
+from trainer.runtime.job.record import End, EndState, Kind, with_changes
+from trainer.runtime.job.timing import TICK
 from trainer.runtime.log import Once, say
-from trainer.runtime.member import Member, Outcome, until_next_report
-from trainer.runtime.messages import Mode, NodeState, NotHub, RecordReply, Reply, Report, Says, joined_with
-from trainer.runtime.node import Node
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import End, EndState, Kind, with_changes
 from trainer.runtime.schema import JsonObject, dump
-from trainer.runtime.timing import TICK
+from trainer.runtime.watch import succession, wire
+from trainer.runtime.watch.hubhost import HubHost
+from trainer.runtime.watch.listener import Listener
+from trainer.runtime.watch.member import Member, Outcome, until_next_report
+from trainer.runtime.watch.messages import Mode, NodeState, NotHub, RecordReply, Reply, Report, Says, joined_with
 
 
 class Supervisor:
@@ -130,7 +132,7 @@ class Supervisor:
             self.node.stop_asked = False  # a preempted node may train again in the next attempt
 
     def on_trainer_report(self) -> None:
-        """A training process wrote its report (trainer.runtime.channel): tick now."""
+        """A training process wrote its report (trainer.runtime.host.channel): tick now."""
         channel.drain(self.node.wake_fd)
         self.wake.set()
 
@@ -190,7 +192,7 @@ class Supervisor:
             nodestate.write_json(Path(self.job_dir) / layout.STATE_FILE, {**dump(state), "updated": time.time()})
             self.last_state = state
 
-    # -- what this member says (trainer.runtime.member.Local) ------------------------------------------------------
+    # -- what this member says (trainer.runtime.watch.member.Local) ----------------------------------------------------
 
     def report(self, says: Says, term: int | None = None) -> Report:
         rank0 = self.record.rank0 == self.me

@@ -2,9 +2,9 @@
 
 On a Slurm site (vidcluster_scheduler: slurm) launch-training.yml reaches only the login host. It ships the trainer
 code into the shared home, has the trainer's renderer check the config, and writes into the login host's folder of
-the job (``<jobs_dir>/<job>/<login host>/``: trainer.runtime.slurmjob lists its files) the job's description without
-its nodes, the experiment config and the watch's key; then ``slurm-submit`` writes the batch script and submits it.
-The controller cannot know which nodes Slurm will give: everything that depends on them is decided inside the
+the job (``<jobs_dir>/<job>/<login host>/``: trainer.runtime.slurm.account lists its files) the job's description
+without its nodes, the experiment config and the watch's key; then ``slurm-submit`` writes the batch script and submits
+it. The controller cannot know which nodes Slurm will give: everything that depends on them is decided inside the
 allocation.
 
     slurm-batch   (the batch script, on the allocation's first node) learns the allocation (``scontrol show
@@ -19,7 +19,8 @@ allocation.
                   (a node lost with no spare, the time limit), Slurm requeues the job (``scontrol requeue``), whose
                   next run resumes from the newest checkpoint with the same record, policy and counters.
     slurm-facts   (a task of the first step) this node's facts for the renderer, one JSON line.
-    slurm-member  (a task of the second step) this node's supervisor (trainer.runtime.supervisor), its output in the
+    slurm-member  (a task of the second step) this node's supervisor (trainer.runtime.watch.supervisor), its output in
+    the
                   node's train.log, its trainer started without the task's Slurm variables (it is not a task of srun).
     slurm-submit  (login host) write the batch script and submit it with sbatch.
     slurm-status  (login host) the job as Slurm's queue and its hub's state (in the shared home) say, in the shape of
@@ -33,8 +34,8 @@ alone); the batch step then asks every supervisor to stop as a user's stop does,
 same step, and requeues the job once the step has ended. A requeue after the time limit does not count as a restart;
 one after a lost node does (``max_restarts``).
 
-The batch step's decision once the members' step ended: trainer.runtime.requeue; its account of the job:
-trainer.runtime.slurmjob; the login host's verbs: trainer.runtime.slurmlogin.
+The batch step's decision once the members' step ended: trainer.runtime.job.requeue; its account of the job:
+trainer.runtime.slurm.account; the login host's verbs: trainer.runtime.slurm.login.
 """
 
 from __future__ import annotations
@@ -55,15 +56,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import layout, nodestate, report, requeue, slurmlogin
+from trainer.runtime import layout, report
 from trainer.runtime.contract import JOB_DIR_ENV
-from trainer.runtime.messages import TrainerState
-from trainer.runtime.network import interface_holding
-from trainer.runtime.node import free_port
+from trainer.runtime.host import nodestate
+from trainer.runtime.host.network import interface_holding
+from trainer.runtime.host.node import free_port
+from trainer.runtime.job import requeue
+from trainer.runtime.job.record import End, EndState, JobRecord
+from trainer.runtime.job.requeue import Requeue, TimeLimit
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import End, EndState, JobRecord
-from trainer.runtime.requeue import Requeue, TimeLimit
-from trainer.runtime.slurmjob import (
+from trainer.runtime.slurm import login as slurmlogin
+from trainer.runtime.slurm.account import (
     ACCOUNT_FILE,
     DESCRIPTION_FILE,
     EXPERIMENT_FILE,
@@ -79,6 +82,7 @@ from trainer.runtime.slurmjob import (
     say,
     write_account,
 )
+from trainer.runtime.watch.messages import TrainerState
 
 STEP_GRACE_S = 20.0  # after the job's end is on record, how long the members' step may take to end
 
@@ -340,7 +344,7 @@ def batch(login_dir: str, settings: dict[str, Any]) -> int:
 
 def member(login_dir: str) -> int:
     """This node's supervisor, as a task of the members' step (see the module docstring)."""
-    from trainer.runtime.supervisor import Supervisor
+    from trainer.runtime.watch.supervisor import Supervisor
 
     name = os.environ["SLURMD_NODENAME"]
     job_dir = posixpath.join(posixpath.dirname(login_dir), name)
@@ -380,7 +384,7 @@ def wait_for_hub(hub_dir: str, timeout: float) -> str:
 
 def main(argv: list[str]) -> int:
     """``python -m trainer.runtime slurm-VERB LOGIN_DIR [ARGS]`` (trainer.runtime.__main__ passes them here). The
-    verbs inside the allocation print their own lines; the login host's (trainer.runtime.slurmlogin) print one JSON
+    verbs inside the allocation print their own lines; the login host's (trainer.runtime.slurm.login) print one JSON
     object, or one error line."""
     verb, login_dir, rest = argv[0], os.path.realpath(os.path.expanduser(argv[1])), argv[2:]
     if verb == "slurm-batch":

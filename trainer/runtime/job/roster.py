@@ -1,15 +1,15 @@
 """What the hub hears of the job's members: when each last spoke and what it said, which are silent (lost, or never
-joined), whether a majority is heard (the no-split rule: trainer.runtime.timing), and which could take a rank. The
-job's state machine (trainer.runtime.hub) asks; it decides.
+joined), whether a majority is heard (the no-split rule: trainer.runtime.job.timing), and which could take a rank. The
+job's state machine (trainer.runtime.job.hub) asks; it decides.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.runtime.messages import Report, Trainer
+from trainer.runtime.job.record import JobRecord
 from trainer.runtime.plan import NodePlan
-from trainer.runtime.record import JobRecord
+from trainer.runtime.watch.messages import Report, Trainer
 
 
 @dataclass

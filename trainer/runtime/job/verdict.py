@@ -1,7 +1,7 @@
 """What a failure is, and which node failed first: decided here, and nowhere else.
 
-A failure (trainer.runtime.record.Failure) names the node, its kind, the reason in words, ``at`` the wall-clock time of
-the failed part's last sign of life (the exit its supervisor saw, its last heartbeat, its last report to the hub) and
+A failure (trainer.runtime.job.record.Failure) names the node, its kind, the reason in words, ``at`` the wall-clock time
+of the failed part's last sign of life (the exit its supervisor saw, its last heartbeat, its last report to the hub) and
 ``rc`` the trainer's exit status when it has one. The kinds, as the node that saw them names them:
 
     rejected   the trainer exited with status 2: its input (config, data, weights) is bad; a restart cannot fix it
@@ -14,7 +14,7 @@ the failed part's last sign of life (the exit its supervisor saw, its last heart
     lost       the node stopped answering the hub, never joined, or did not confirm its trainer stopped
     exited     the trainer exited with another status (a crash, or the loss of its peers)
     slow       the hub named the node a straggler and stops the attempt to swap it for a spare
-               (trainer.runtime.straggler): every trainer checkpoints at a common step first
+               (trainer.runtime.job.straggler): every trainer checkpoints at a common step first
     parked     the trainer left its attempt and waits in place for the next one (it lost its peers)
 
 When one node fails, its peers fail soon after, in the collective they were waiting in ("connection closed by peer"):
@@ -30,9 +30,9 @@ import signal
 from collections.abc import Iterable
 
 from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
-from trainer.runtime.messages import CHECKPOINT, UNJUDGED, RankProgress
-from trainer.runtime.record import Failure, Kind
-from trainer.runtime.timing import Timings
+from trainer.runtime.job.record import Failure, Kind
+from trainer.runtime.job.timing import Timings
+from trainer.runtime.watch.messages import CHECKPOINT, UNJUDGED, RankProgress
 
 # Kinds by tier: a failure of an earlier tier explains the later ones; within a tier, the earlier failure does.
 TIERS = ((Kind.REJECTED, Kind.STOPPED), (Kind.KILLED, Kind.FROZEN, Kind.HUNG, Kind.LOST), (Kind.PREEMPTED,),

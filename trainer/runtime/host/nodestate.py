@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.runtime import atomic, layout, procs, wire
-from trainer.runtime.messages import Mode, NodeState
+from trainer.runtime import atomic, layout
+from trainer.runtime.host import procs
 from trainer.runtime.schema import SchemaError, dump, parse
+from trainer.runtime.watch import wire
+from trainer.runtime.watch.messages import Mode, NodeState
 
 TAIL_LINES = 25
 
