@@ -170,6 +170,22 @@ def test_checkpoint_of_another_architecture_is_refused_by_key(tmp_path: Path) ->
         load_initial(build_model("videomae_base", 5, **other), cfg, init)
 
 
+def test_hub_id_is_read_from_the_sites_cache_offline(tmp_path: Path) -> None:
+    # the cache as huggingface_hub lays it out: $HF_HOME/hub/models--OWNER--NAME/{refs/main, snapshots/REVISION/}
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hf" / "hub" / "models--vidcluster-test--tiny-videomae"
+    save_checkpoint(repo / "snapshots" / revision, "videomae_base", num_labels=5)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    code = ("import sys; sys.path.insert(0, '.'); from trainer.weights.hf_checkpoint import read_checkpoint; "
+            "c = read_checkpoint('vidcluster-test/tiny-videomae', 'videomae_base'); print(c.folder, c.frames, c.size)")
+    env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run([sys.executable, "-I", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(repo / "snapshots" / revision), str(FRAMES), str(SIZE)]
+
+
 def test_hub_id_not_in_the_cache_is_refused_without_fetching(tmp_path: Path) -> None:
     cfg = config_for(tmp_path, "videomae_base", "vidcluster-test/no-such-model", classes=5)
     with pytest.raises(WeightsError, match=r"^CONFIG\.MODEL\.PRETRAINED_PATH: vidcluster-test/no-such-model is not a "

@@ -55,7 +55,9 @@ def checkpoint_folder(path: str) -> Path:
     """The folder itself, or the hub id's snapshot in the Hugging Face cache, looked up offline."""
     if Path(path).is_dir():
         return Path(path)
-    os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub reads it: a node never downloads
+    # a node never downloads: local_files_only makes no request; HF_HUB_OFFLINE keeps the library offline too (where
+    # it is imported after this point)
+    os.environ["HF_HUB_OFFLINE"] = "1"
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 

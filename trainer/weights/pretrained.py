@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from trainer.config import ConfigError
+from trainer.hf_models import hf_family
 from trainer.weights import hf_checkpoint, zoo
 from trainer.weights.formats import WeightsError, WeightsFile, read_weights
 from trainer.weights.loading import LoadReport, load_weights
@@ -82,13 +83,14 @@ def check_clip(cfg: Config, entry: zoo.ZooEntry) -> None:
 
 def initial_weights(cfg: Config) -> InitialWeights | None:
     """What MODEL.PRETRAINED / LOAD ask the run to start from (checked to exist and, for zoo files, verified; the
-    published weights' clip checked against the config's); None for a random initialisation."""
+    clip of the published weights or of a transformers model's Hugging Face checkpoint checked against the config's);
+    None for a random initialisation."""
     model = cfg.CONFIG.MODEL
     if model.PRETRAINED:
         entry = zoo.entry_for(model.NAME)
         check_clip(cfg, entry)
         return InitialWeights(pretrained_file(cfg), f"the {entry.source} Kinetics-400 weights", entry.mean, entry.std)
-    if model.LOAD and hf_checkpoint.is_hf_checkpoint(model.PRETRAINED_PATH):
+    if model.LOAD and hf_family(model.NAME) is not None and hf_checkpoint.is_hf_checkpoint(model.PRETRAINED_PATH):
         checkpoint = hf_checkpoint.read_checkpoint(model.PRETRAINED_PATH, model.NAME)
         hf_checkpoint.check_clip(cfg, checkpoint)
         return InitialWeights(checkpoint.folder, "the Hugging Face checkpoint CONFIG.MODEL.PRETRAINED_PATH",
