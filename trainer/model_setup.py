@@ -53,13 +53,30 @@ def build_model_from_config(cfg: Config) -> nn.Module:
             raise ConfigError(f"CONFIG.MODEL.NAME: {exc}") from None
     options = {} if model_cfg.DROPOUT_RATE is None else {"dropout": model_cfg.DROPOUT_RATE}
     try:
-        return build_model(model_cfg.NAME, num_classes, **options)
+        model = build_model(model_cfg.NAME, num_classes, **options)
     except TypeError as exc:
         if "dropout" not in str(exc):
             raise
         raise ConfigError(
             f"CONFIG.MODEL.DROPOUT_RATE: model {model_cfg.NAME} has no dropout setting; remove DROPOUT_RATE"
         ) from None
+    check_takes_clip(model, cfg)
+    return model
+
+
+def check_takes_clip(model: nn.Module, cfg: Config) -> None:
+    """ConfigError naming the DATA keys of a clip ``model`` cannot take (a transformer whose position embeddings fix
+    its frames and size: ``takes_clip()``); models without ``takes_clip`` take any clip."""
+    takes = getattr(model, "takes_clip", None)
+    clip = takes() if takes is not None else None
+    data = cfg.CONFIG.DATA
+    if clip is None:
+        return
+    wrong = [f"{key} {getattr(data, key)}" for key, value in zip(("CLIP_LEN", "CROP_SIZE"), clip, strict=True)
+             if getattr(data, key) != value]
+    if wrong:
+        raise ConfigError(f"CONFIG.DATA.{', '.join(wrong)}: model {cfg.CONFIG.MODEL.NAME} takes only clips of "
+                          f"CLIP_LEN: {clip[0]}, CROP_SIZE: {clip[1]} (its position embeddings are fixed)")
 
 
 def head_parameter_names(model: nn.Module, num_classes: int) -> list[str]:

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from trainer.config import Config, ConfigError
 from trainer.hardware import check_config  # imports torch only where a rule needs it
+from trainer.hf_models import missing_library
 
 
 def check_runtime(cfg: Config) -> None:
     """Checks that need this machine, not only the file: a distributed nccl run needs a visible GPU, so does a
     distributed SYNC_BN (SyncBatchNorm works on GPU modules only), DECODER torchcodec or auto needs a torchcodec
-    that loads FFmpeg's libraries, and AMP bf16, COMPILE and DECODER_DEVICE cuda need what trainer.hardware says."""
+    that loads FFmpeg's libraries, AMP bf16, COMPILE and DECODER_DEVICE cuda need what trainer.hardware says, and a
+    transformers model (trainer.hf_models) needs that library."""
+    library = missing_library(cfg.CONFIG.MODEL.NAME)
+    if library is not None:
+        raise ConfigError(library)
     problems = check_config(cfg)
     if problems:
         raise ConfigError("; ".join(problems))

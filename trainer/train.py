@@ -84,8 +84,7 @@ from trainer.runtime.host.channel import Join
 from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
 from trainer.solver import build_optimizer, build_scheduler, effective_lr
 from trainer.timeline import PROCESS
-from trainer.weights import load_weights
-from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, resolve_normalisation
+from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, load_initial, resolve_normalisation
 
 log = logging.getLogger("trainer")
 
@@ -485,8 +484,7 @@ def prepare_initial_weights(cfg: Config) -> None:
     def checked() -> InitialWeights | None:
         init = initial_weights(cfg)
         if init is not None:
-            load_weights(build_model_from_config(cfg), init.path, allow_partial=cfg.CONFIG.MODEL.PARTIAL_LOAD,
-                         model_name=cfg.CONFIG.MODEL.NAME)
+            load_initial(build_model_from_config(cfg), cfg, init)
         return init
 
     resolve_normalisation(cfg, report_user_errors(checked))

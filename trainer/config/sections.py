@@ -331,11 +331,12 @@ class ModelConfig(_Section):
     LOAD: bool = Field(
         False,
         description="Start from the weights file PRETRAINED_PATH (ours, PySlowFast .pyth/.pkl, pytorchvideo, "
-        "GluonCV or torchvision; detected from the file).",
+        "GluonCV or torchvision; detected from the file), or for a transformers model its Hugging Face checkpoint.",
     )
     PRETRAINED_PATH: UserPath = Field(
         "",
-        description="With LOAD: the weights file. With PRETRAINED: a local copy of the published file "
+        description="With LOAD: the weights file, or a Hugging Face checkpoint folder or hub id (read offline from "
+        "$HF_HOME's cache). With PRETRAINED: a local copy of the published file "
         "(default: the fetch-weights cache).",
     )
     PRETRAINED: bool = Field(

@@ -123,6 +123,20 @@ def match_weights(
     return report, converted
 
 
+def check_complete(report: LoadReport, model: nn.Module, *, allow_partial: bool, allow_new_head: bool = True,
+                   model_name: str = "") -> None:
+    """WeightsError listing what ``report`` could not load into ``model``, unless everything loaded or
+    ``allow_partial``."""
+    if report.complete or allow_partial:
+        return
+    # PARTIAL_LOAD is for initial weights only: a trained model is evaluated whole or not at all
+    partial = ", or set CONFIG.MODEL.PARTIAL_LOAD: True to load only what fits" if allow_new_head else ""
+    raise WeightsError(
+        f"{report.path} ({report.format} weights) does not fit {_label(model, model_name)}: {report.problems()}; "
+        f"fix the file or the model name{partial}"
+    )
+
+
 def load_weights(
     model: nn.Module,
     weights: str | Path | WeightsFile,
@@ -137,13 +151,7 @@ def load_weights(
     like any other tensor."""
     source = weights if isinstance(weights, WeightsFile) else read_weights(weights)
     report, converted = match_weights(model, source, allow_new_head=allow_new_head, model_name=model_name)
-    if not report.complete and not allow_partial:
-        # PARTIAL_LOAD is for initial weights only: a trained model is evaluated whole or not at all
-        partial = ", or set CONFIG.MODEL.PARTIAL_LOAD: True to load only what fits" if allow_new_head else ""
-        raise WeightsError(
-            f"{source.path} ({source.format} weights) does not fit {_label(model, model_name)}: {report.problems()}; "
-            f"fix the file or the model name{partial}"
-        )
+    check_complete(report, model, allow_partial=allow_partial, allow_new_head=allow_new_head, model_name=model_name)
     model.load_state_dict(converted, strict=False)
     report.loaded = sorted(converted)
     return report

@@ -1,5 +1,6 @@
 """What a run starts from: ``CONFIG.MODEL.PRETRAINED`` (published weights) or ``LOAD`` + ``PRETRAINED_PATH`` (a local
-file in any supported format), the normalisation those weights expect, and loading them into the model."""
+file in any supported format, or a Hugging Face checkpoint: :mod:`trainer.weights.hf_checkpoint`), the normalisation
+those weights expect, and loading them into the model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from trainer.config import ConfigError
-from trainer.weights import zoo
+from trainer.hf_models import hf_family
+from trainer.weights import hf_checkpoint, zoo
 from trainer.weights.formats import WeightsError, WeightsFile, read_weights
 from trainer.weights.loading import LoadReport, load_weights
 
@@ -32,6 +34,7 @@ class InitialWeights:
     origin: str  # for logs: "the gluoncv Kinetics-400 weights" or "CONFIG.MODEL.PRETRAINED_PATH"
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    checkpoint: hf_checkpoint.HfCheckpoint | None = None  # a Hugging Face checkpoint, read
 
 
 def pretrained_file(cfg: Config) -> Path:
@@ -80,12 +83,18 @@ def check_clip(cfg: Config, entry: zoo.ZooEntry) -> None:
 
 def initial_weights(cfg: Config) -> InitialWeights | None:
     """What MODEL.PRETRAINED / LOAD ask the run to start from (checked to exist and, for zoo files, verified; the
-    published weights' clip checked against the config's); None for a random initialisation."""
+    clip of the published weights or of a transformers model's Hugging Face checkpoint checked against the config's);
+    None for a random initialisation."""
     model = cfg.CONFIG.MODEL
     if model.PRETRAINED:
         entry = zoo.entry_for(model.NAME)
         check_clip(cfg, entry)
         return InitialWeights(pretrained_file(cfg), f"the {entry.source} Kinetics-400 weights", entry.mean, entry.std)
+    if model.LOAD and hf_family(model.NAME) is not None and hf_checkpoint.is_hf_checkpoint(model.PRETRAINED_PATH):
+        checkpoint = hf_checkpoint.read_checkpoint(model.PRETRAINED_PATH, model.NAME)
+        hf_checkpoint.check_clip(cfg, checkpoint)
+        return InitialWeights(checkpoint.folder, "the Hugging Face checkpoint CONFIG.MODEL.PRETRAINED_PATH",
+                              checkpoint.mean, checkpoint.std, checkpoint)
     if model.LOAD:
         source = read_weights(model.PRETRAINED_PATH)
         mean, std = _normalisation(cfg, source)
@@ -103,10 +112,17 @@ def resolve_normalisation(cfg: Config, init: InitialWeights | None) -> None:
         data.STD = [float(v) for v in std]
 
 
+def load_initial(model: nn.Module, cfg: Config, init: InitialWeights) -> LoadReport:
+    """Load ``init`` into ``model``: all of it, or an error unless MODEL.PARTIAL_LOAD."""
+    name, partial = cfg.CONFIG.MODEL.NAME, cfg.CONFIG.MODEL.PARTIAL_LOAD
+    if init.checkpoint is not None:
+        return hf_checkpoint.load_checkpoint(model, init.checkpoint, allow_partial=partial, model_name=name)
+    return load_weights(model, init.path, allow_partial=partial, model_name=name)
+
+
 def initialise(model: nn.Module, cfg: Config, init: InitialWeights) -> LoadReport:
-    """Load ``init`` into ``model`` (all of it, or an error unless MODEL.PARTIAL_LOAD) and log what happened."""
-    report = load_weights(model, init.path, allow_partial=cfg.CONFIG.MODEL.PARTIAL_LOAD,
-                          model_name=cfg.CONFIG.MODEL.NAME)
+    """Load ``init`` into ``model`` (:func:`load_initial`) and log what happened in one line."""
+    report = load_initial(model, cfg, init)
     log.log(logging.INFO if report.complete else logging.WARNING, "initialised from %s: %s", init.origin,
             report.summary())
     return report

@@ -1,0 +1,76 @@
+"""VideoMAE, TimeSformer and V-JEPA 2 from Hugging Face ``transformers``, built from the library's own classes.
+
+Each model is the library's video classifier (sizes and families in :mod:`trainer.hf_models`) with a ``NUM_CLASSES``
+head, taking our clips ``(B, C, T, H, W)`` where the library takes ``(B, T, C, H, W)`` and giving the logits. Its
+state-dict names are the library's, so a checkpoint folder it saved loads by name
+(:mod:`trainer.weights.hf_checkpoint`). transformers is imported only when one of these models is built: nodes
+training the zoo's models need not have it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.hf_models import FAMILIES, HF_MODELS, missing_library
+
+from .registry import register_model
+
+
+def _transformers(model_name: str) -> ModuleType:
+    problem = missing_library(model_name)
+    if problem is not None:
+        raise ImportError(problem)
+    return importlib.import_module("transformers")
+
+
+@functools.cache
+def _clip_class(family_name: str) -> type[nn.Module]:
+    """The library's classifier of ``family_name``, taking our clip layout and returning the logits."""
+    family = FAMILIES[family_name]
+    base = getattr(importlib.import_module("transformers"), family.model_class)
+
+    def forward(self: nn.Module, clip: torch.Tensor) -> torch.Tensor:
+        return base.forward(self, **{family.input_name: clip.transpose(1, 2)}).logits
+
+    def takes_clip(self: nn.Module) -> tuple[int, int] | None:
+        """(frames, square size) of the only clip the model takes; None when it takes any."""
+        config = self.config
+        return (getattr(config, family.frames_key), getattr(config, family.size_key)) if family.fixed_clip else None
+
+    return type(f"{base.__name__}OnClips", (base,), {"forward": forward, "takes_clip": takes_clip,
+                                                      "hf_family": family_name, "__module__": __name__})
+
+
+def build_hf_model(model_name: str, num_classes: int, **overrides: Any) -> nn.Module:
+    """``model_name``'s library classifier with ``num_classes`` outputs, randomly initialised; ``overrides`` set other
+    config values of the library's (a tiny test model); a key its config does not have is a TypeError naming it."""
+    spec = HF_MODELS[model_name]
+    family = FAMILIES[spec.family]
+    config_class = getattr(_transformers(model_name), family.config_class)
+    known = set(config_class().to_dict())
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"{model_name}: unexpected keyword argument(s) {', '.join(map(repr, unknown))} (not in "
+                        f"transformers' {family.config_class})")
+    config = config_class(**{**spec.config, **overrides, "num_labels": num_classes})
+    model = _clip_class(spec.family)(config)
+    model.needs_unused_parameters = family.unused_parameters
+    return model
+
+
+def _register(name: str) -> None:
+    @register_model(name)
+    def build(num_classes: int, **overrides: Any) -> nn.Module:
+        return build_hf_model(name, num_classes, **overrides)
+
+    build.__doc__ = f"transformers' {FAMILIES[HF_MODELS[name].family].model_class} ({name})."
+
+
+for _name in HF_MODELS:
+    _register(_name)
