@@ -100,8 +100,8 @@ def batch_script(login: NodePlan, login_dir: str, options: dict[str, Any]) -> st
         f'"""VidCluster job {login.job}: its batch step (trainer.runtime.slurm.allocation; slurm-submit wrote it)."""',
         "import sys",
         f"sys.path.insert(0, {json.dumps(login.paths.code_dir)})",
-        "from trainer.runtime.slurm import allocation  # noqa: E402",
-        f"sys.exit(allocation.batch({json.dumps(login_dir)}, {json.dumps(settings)}))",
+        "from trainer.runtime.slurm import allocation as slurm  # noqa: E402",
+        f"sys.exit(slurm.batch({json.dumps(login_dir)}, {json.dumps(settings)}))",
         "",
     ])
 
