@@ -462,7 +462,9 @@ def task_results(stdout: str, task: str) -> list[str]:
 
 def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster: LocalCluster) -> None:
     job = f"{cluster.name}-attach"
-    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(30))
+    # Long enough to be running still when the second launch looks, tens of seconds later: the tiny model trains an
+    # epoch in under half a second on an idle machine (30 epochs once ended first).
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(300))
     launch(cluster, *args, "-e", "wait=false")
     wait_for_epoch(cluster, job, 1)
     again = launch(cluster, *args)
