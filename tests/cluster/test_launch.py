@@ -41,6 +41,8 @@ from tests.cluster.conftest import (
     Node,
     changed_total,
     closed_ports,
+    cpu_quota,
+    finish,
     flat,
     job_processes,
     node_job_dir,
@@ -81,6 +83,21 @@ def launch_in_background(cluster: LocalCluster, *args: str) -> subprocess.Popen[
         [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "launch-training.yml", *LAUNCH_ARGS, *args],
         cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+
+
+def output_until(play: subprocess.Popen[str], text: str, seconds: float = 300) -> str:
+    """A running play's output up to where it said ``text`` (failing the test if the play ends first)."""
+    assert play.stdout is not None
+    deadline, lines = time.monotonic() + seconds, []
+    while time.monotonic() < deadline:
+        line = play.stdout.readline()
+        if not line:
+            pytest.fail(f"the play ended before saying {text!r}:\n{''.join(lines)[-4000:]}")
+        lines.append(line)
+        if text in flat("".join(lines[-20:])):  # a message may be wrapped over lines
+            return "".join(lines)
+    play.kill()
+    pytest.fail(f"the play did not say {text!r} in {seconds:.0f} s:\n{''.join(lines)[-4000:]}")
 
 
 def run_dir(cluster: LocalCluster, job: str) -> Path:
@@ -462,17 +479,23 @@ def task_results(stdout: str, task: str) -> list[str]:
 
 def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster: LocalCluster) -> None:
     job = f"{cluster.name}-attach"
-    # Long enough to be running still when the second launch looks, tens of seconds later: the tiny model trains an
-    # epoch in under half a second on an idle machine (30 epochs once ended first).
-    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(300))
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", *training(40))
     launch(cluster, *args, "-e", "wait=false")
     wait_for_epoch(cluster, job, 1)
-    again = launch(cluster, *args)
-    assert f"Job {job} is running (its hub on node0): following it instead of starting it again" in flat(again.stdout)
+    # Every node slowed to a crawl until the second launch has looked, so the job is still running then however idle
+    # the machine (the tiny model trains an epoch in under half a second: 30 epochs once ended first); all alike, so
+    # no node is a straggler.
+    with contextlib.ExitStack() as slowed:
+        for node in cluster.nodes:
+            slowed.enter_context(cpu_quota(node, 0.15))
+        play = launch_in_background(cluster, *args)
+        seen = output_until(play, "following it instead of starting it again")
+    again = seen + finish(play)
+    assert f"Job {job} is running (its hub on node0): following it instead of starting it again" in flat(again)
     for task in ("Start the supervisor of the job's hub (the rank-0 node) first",
                  "Start every other member's supervisor, reporting to the hub"):  # neither ran on any node
-        assert all(line.startswith("skipping: ") for line in task_results(again.stdout, f"ddp_launch : {task}"))
-    assert f"Job {job} finished; last epoch:" in flat(again.stdout)
+        assert all(line.startswith("skipping: ") for line in task_results(again, f"ddp_launch : {task}"))
+    assert f"Job {job} finished; last epoch:" in flat(again)
     for node in cluster.nodes:  # one run, started once, never stopped
         log = (node_job_dir(node, job) / "train.log").read_text()
         assert log.count("supervisor: supervising ") == 1 and "stopping the trainer" not in log
