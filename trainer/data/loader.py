@@ -223,8 +223,8 @@ def build_loader(
     rank, world = _rank_and_world(ctx)
     seed = cfg.CONFIG.TRAIN.SEED
     sampler: Sampler[Any]
-    repeats = cfg.CONFIG.TRAIN.REPEATED_AUG
     if split == "train":
+        repeats = cfg.CONFIG.TRAIN.REPEATED_AUG
         sampler = (RepeatedAugSampler(dataset, world, rank, seed, repeats) if repeats > 1
                    else EpochDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed))
         batch_size, drop_last = cfg.CONFIG.TRAIN.BATCH_SIZE, cfg.CONFIG.TRAIN.DROP_LAST
