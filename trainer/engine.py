@@ -32,6 +32,7 @@ from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, 
 from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
 from trainer.runtime.watch.messages import COMPUTE, DATA
+from trainer.solver import schedule_lr
 
 log = logging.getLogger("trainer")
 
@@ -181,7 +182,7 @@ def train_one_epoch(
             tally.clips += n
             step_clips += n
         if last:
-            lr = _schedule_lr(state.optimizer)  # the LR this step used (the scheduler moves on below)
+            lr = schedule_lr(state.optimizer)  # the LR this step used (the scheduler moves on below)
             _optimizer_step(model, state, train.CLIP_GRAD_NORM)
             if ctx.is_main and state.step % cfg.CONFIG.LOG.DISPLAY_FREQ == 0:
                 _display(reporter, state.step, epoch, lr, tally)  # the one wait for the device
@@ -205,13 +206,6 @@ def _display(reporter: Reporter, step: int, epoch: int, lr: float, tally: EpochT
     for tag, value in (("lr", lr), ("loss", loss), ("top1", top1)):
         reporter.scalar(f"iteration/{tag}", value, step)
     reporter.update_status(running={"train_loss": loss, "train_top1": top1, "step": step})
-
-
-def _schedule_lr(optimizer: torch.optim.Optimizer) -> float:
-    """The schedule's LR now, whatever scale the first group has (layer decay); a checkpoint saved before groups had
-    ``lr_scale`` restores groups whose first is unscaled."""
-    group = optimizer.param_groups[0]
-    return group["lr"] / group.get("lr_scale", 1.0)
 
 
 def _optimizer_step(model: nn.Module, state: TrainState, clip_norm: float) -> None:

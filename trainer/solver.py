@@ -86,6 +86,13 @@ def _layer_scale(cfg: Config, model: nn.Module) -> Callable[[str], float]:
     return lambda name: decay ** (depth + 1 - vit_layer(name))
 
 
+def schedule_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The schedule's LR now (what logs and metrics report), whatever scale the first group has (layer decay); a
+    checkpoint saved before groups had ``lr_scale`` restores groups whose first is unscaled."""
+    group = optimizer.param_groups[0]
+    return group["lr"] / group.get("lr_scale", 1.0)
+
+
 def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Optimizer:
     train = cfg.CONFIG.TRAIN
     groups = param_groups(cfg, model, lr)

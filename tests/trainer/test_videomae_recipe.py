@@ -278,7 +278,7 @@ def test_shipped_config_passes_the_check_and_holds_the_papers_values() -> None:
 
 
 def test_shipped_config_trains_and_tests_a_tiny_videomae(
-    tiny_registered: str, synthetic_dataset: dict[str, Any], tmp_path: Path
+    tiny_registered: str, synthetic_dataset: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     small = {
         "DDP_CONFIG.DISTRIBUTED": False, "DDP_CONFIG.DIST_BACKEND": "gloo", "CONFIG.MODEL.NAME": "videomae_tiny",
@@ -291,10 +291,24 @@ def test_shipped_config_trains_and_tests_a_tiny_videomae(
         **{f"CONFIG.DATA.{k}": v for k, v in synthetic_dataset.items() if k != "CLASS_INDEX"},
     }  # fmt: skip
     cfg = load_config(SHIPPED, [str(item) for key, value in small.items() for item in (key, value)])
+    mixed: list[tuple[int, ...]] = []
+    mix = BatchMixer.__call__
+
+    def recording(self: BatchMixer, video: torch.Tensor, labels: torch.Tensor, key: tuple[int, ...]) -> Any:
+        mixed.append(key)
+        return mix(self, video, labels, key)
+
+    monkeypatch.setattr(BatchMixer, "__call__", recording)
     launch(train_worker, cfg)
     epochs = read_metrics(tmp_path / "run" / "metrics.jsonl")
     videos = len(Path(synthetic_dataset["TRAIN_ANNO_PATH"]).read_text().splitlines())
     assert [e["train_clips"] for e in epochs] == [2 * videos] * 2  # REPEATED_AUG 2: every video twice an epoch
+    steps = 2 * videos // 8
+    assert mixed == [(0, epoch, batch) for epoch in range(2) for batch in range(1, steps + 1)]  # every batch mixed
+    # the schedule's LR (not a layer's): 1e-3 x 8 clips / 512, warmed up from 1e-6 (scaled alike) to the cosine's
+    # value after 1 of 2 epochs
+    scaled = 8 / 512
+    assert [e["lr"] for e in epochs] == pytest.approx([1e-6 * scaled, 1e-3 * scaled * 0.5], rel=1e-6)
     launch(functools.partial(multiview_test_worker, ckpt=None), cfg)
     tested = json.loads((tmp_path / "run" / "test_results.json").read_text())
     val_videos = len(Path(synthetic_dataset["VAL_ANNO_PATH"]).read_text().splitlines())
