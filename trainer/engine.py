@@ -13,6 +13,7 @@ after each optimizer step the loop calls its caller back (trainer.train: checkpo
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,11 +26,13 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer import heartbeat
 from trainer.accel import autocast, clip_normalizer, ddp_module
 from trainer.config import Config
+from trainer.data.mixup import BatchMixer
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, any_rank
 from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
 from trainer.runtime.watch.messages import COMPUTE, DATA
+from trainer.solver import schedule_lr
 
 log = logging.getLogger("trainer")
 
@@ -111,13 +114,17 @@ def _placeholder_input(cfg: Config, normalizer: ClipNormalizer) -> torch.Tensor:
                                   dtype=torch.uint8))
 
 
+# Clips and labels of a batch -> (the clips the model sees, the targets the loss sees): TRAIN.MIXUP's mix.
+BatchMix = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 def _forward_loss(
     model: nn.Module, batch: dict[str, Any], criterion: nn.Module, cfg: Config, ctx: DistContext,
-    normalizer: ClipNormalizer, placeholder: bool,
+    normalizer: ClipNormalizer, placeholder: bool, mix: BatchMix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(loss, logits, labels on the device) of a batch, or with ``placeholder`` (a batch whose every video was bad)
-    a zero-loss forward/backward in eval mode: DDP needs each rank to take part in every gradient all-reduce, or the
-    others would wait forever."""
+    """(loss, logits, labels on the device) of a batch, mixed by ``mix`` if given, or with ``placeholder`` (a batch
+    whose every video was bad) a zero-loss forward/backward in eval mode: DDP needs each rank to take part in every
+    gradient all-reduce, or the others would wait forever."""
     if placeholder:
         model.eval()  # keep BatchNorm running stats clean of the placeholder
         loss = model(_placeholder_input(cfg, normalizer)).sum() * 0.0
@@ -125,9 +132,10 @@ def _forward_loss(
         return loss, None, None
     video = normalizer(batch["video"], batch.get("crops"))
     labels = batch["label"].to(ctx.device, non_blocking=True)
+    video, targets = mix(video, labels) if mix is not None else (video, labels)
     with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
         logits = model(video)
-        return criterion(logits, labels), logits, labels
+        return criterion(logits, targets), logits, labels
 
 
 def train_one_epoch(
@@ -135,10 +143,12 @@ def train_one_epoch(
     tally: EpochTally, after_step: StepCallback,
 ) -> dict[str, float]:
     """Train the rest of an epoch (all of it, unless ``tally`` comes from a mid-epoch checkpoint and the loader skips
-    what it counted); returns train_loss and train_top1 (averages over all ranks' clips) and train_clips."""
+    what it counted); returns train_loss and train_top1 (averages over all ranks' clips; top-1 against each clip's
+    own label, mixed or not) and train_clips."""
     train = cfg.CONFIG.TRAIN
     model.train()
     criterion = nn.CrossEntropyLoss(label_smoothing=train.LABEL_SMOOTHING)
+    mixer = BatchMixer.from_config(cfg)
     normalizer = clip_normalizer(cfg, ctx)
     step_clips = 0
     # SYNC_BN's SyncBatchNorm runs collectives in a training forward and none in eval mode (the placeholder's): a
@@ -160,8 +170,10 @@ def train_one_epoch(
         if placeholder and not empty:
             log.warning("rank %d skips a batch of %d clips: another rank's batch had no video it could read, and "
                         "SyncBatchNorm needs every rank in each step", ctx.rank, len(batch["label"]))
+        # keyed by the batch's place in the epoch, so a resumed pass mixes as the uninterrupted one did
+        mix = functools.partial(mixer, key=(ctx.rank, epoch, tally.batches)) if mixer is not None else None
         with sync:
-            loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer, placeholder)
+            loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer, placeholder, mix)
             state.scaler.scale(loss / train.ACCUM_STEPS).backward()
         clock.backward_done()
         if logits is not None:
@@ -170,7 +182,7 @@ def train_one_epoch(
             tally.clips += n
             step_clips += n
         if last:
-            lr = state.optimizer.param_groups[0]["lr"]  # the LR this step used (the scheduler moves on below)
+            lr = schedule_lr(state.optimizer)  # the LR this step used (the scheduler moves on below)
             _optimizer_step(model, state, train.CLIP_GRAD_NORM)
             if ctx.is_main and state.step % cfg.CONFIG.LOG.DISPLAY_FREQ == 0:
                 _display(reporter, state.step, epoch, lr, tally)  # the one wait for the device

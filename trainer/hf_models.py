@@ -24,6 +24,8 @@ class HfFamily:
     size_key: str  # ... and of the square image size
     fixed_clip: bool  # the model takes only that clip (fixed position embeddings), not any
     unused_parameters: bool = False  # parameters classifying does not use (V-JEPA 2's predictor)
+    # why MODEL.DROP_PATH_RATE cannot be set for it; "" where its config's drop_path_rate (stochastic depth) can
+    no_drop_path: str = "its config has no drop_path_rate and its layers no stochastic depth"
     # config keys that change the computation without changing a tensor's shape: a checkpoint must agree on them
     arch_keys: tuple[str, ...] = ("hidden_act", "layer_norm_eps")
 
@@ -35,9 +37,11 @@ FAMILIES: dict[str, HfFamily] = {
                                     "patch_size", "use_mean_pooling")),
     "timesformer": HfFamily("timesformer", "TimesformerConfig", "TimesformerForVideoClassification", "pixel_values",
                             "num_frames", "image_size", fixed_clip=False,
+                            no_drop_path="transformers types TimesformerConfig.drop_path_rate as an int (its "
+                                         "layers have stochastic depth, but no rate between 0 and 1 can be set)",
                             arch_keys=("hidden_act", "layer_norm_eps", "attention_type")),
     "vjepa2": HfFamily("vjepa2", "VJEPA2Config", "VJEPA2ForVideoClassification", "pixel_values_videos",
-                       "frames_per_clip", "crop_size", fixed_clip=False, unused_parameters=True,
+                       "frames_per_clip", "crop_size", fixed_clip=False, unused_parameters=True, no_drop_path="",
                        arch_keys=("hidden_act", "layer_norm_eps", "tubelet_size", "patch_size")),
 }
 

@@ -44,14 +44,17 @@ class FrozenStatsBatchNorm(_NormBase):
 
 
 def build_model_from_config(cfg: Config) -> nn.Module:
-    """CONFIG.MODEL.NAME with a NUM_CLASSES head and, when set, DROPOUT_RATE; weights as the builder initialises."""
+    """CONFIG.MODEL.NAME with a NUM_CLASSES head and, when set, DROPOUT_RATE and DROP_PATH_RATE (the config refuses
+    the latter for a model without it); weights as the builder initialises."""
     model_cfg, num_classes = cfg.CONFIG.MODEL, cfg.CONFIG.DATA.NUM_CLASSES
     if model_cfg.NAME.lower() not in list_models():
         try:
             build_model(model_cfg.NAME, num_classes)  # raises with the nearest registered names
         except ValueError as exc:
             raise ConfigError(f"CONFIG.MODEL.NAME: {exc}") from None
-    options = {} if model_cfg.DROPOUT_RATE is None else {"dropout": model_cfg.DROPOUT_RATE}
+    options: dict[str, float] = {} if model_cfg.DROPOUT_RATE is None else {"dropout": model_cfg.DROPOUT_RATE}
+    if model_cfg.DROP_PATH_RATE > 0:
+        options["drop_path_rate"] = model_cfg.DROP_PATH_RATE  # transformers' config key
     try:
         model = build_model(model_cfg.NAME, num_classes, **options)
     except TypeError as exc:
@@ -64,19 +67,20 @@ def build_model_from_config(cfg: Config) -> nn.Module:
     return model
 
 
-def check_takes_clip(model: nn.Module, cfg: Config) -> None:
+def check_takes_clip(model: nn.Module, cfg: Config, crop_key: str = "CROP_SIZE") -> None:
     """ConfigError naming the DATA keys of a clip ``model`` cannot take (a transformer whose position embeddings fix
-    its frames and size: ``takes_clip()``); models without ``takes_clip`` take any clip."""
+    its frames and size: ``takes_clip()``); models without ``takes_clip`` take any clip. ``crop_key``: the crop in
+    question, CROP_SIZE (training, validation) or TEST_CROP_SIZE (multi-view test)."""
     takes = getattr(model, "takes_clip", None)
     clip = takes() if takes is not None else None
     data = cfg.CONFIG.DATA
     if clip is None:
         return
-    wrong = [f"{key} {getattr(data, key)}" for key, value in zip(("CLIP_LEN", "CROP_SIZE"), clip, strict=True)
+    wrong = [f"{key} {getattr(data, key)}" for key, value in zip(("CLIP_LEN", crop_key), clip, strict=True)
              if getattr(data, key) != value]
     if wrong:
         raise ConfigError(f"CONFIG.DATA.{', '.join(wrong)}: model {cfg.CONFIG.MODEL.NAME} takes only clips of "
-                          f"CLIP_LEN: {clip[0]}, CROP_SIZE: {clip[1]} (its position embeddings are fixed)")
+                          f"CLIP_LEN: {clip[0]}, {crop_key}: {clip[1]} (its position embeddings are fixed)")
 
 
 def head_parameter_names(model: nn.Module, num_classes: int) -> list[str]:

@@ -9,7 +9,8 @@
 
 The schedule is a pure function of the optimizer step, wrapped in a ``LambdaLR`` that is stepped once per optimizer
 step; its state (the step counter) is saved in checkpoints, so a resumed run continues exactly where an
-uninterrupted one would be. The classifier head's parameter group runs at LR x TRAIN.HEAD_LR_MULT throughout.
+uninterrupted one would be. The classifier head's parameter group runs at LR x TRAIN.HEAD_LR_MULT throughout, and
+with TRAIN.LAYER_DECAY a ViT's layers at their depth's scale of it.
 
 Epochs may differ in steps (multigrid's long cycle trains some epochs at larger batches): an ``EpochClock`` turns a
 step into its (fractional) epoch, in which both recipes' schedules are defined, and a long-cycle stage multiplies
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from trainer.config import Config, TrainConfig
+from trainer.config import Config, ConfigError, TrainConfig
 from trainer.data.multigrid import MultigridSchedule
 from trainer.model_setup import head_parameter_names
 
@@ -41,23 +42,55 @@ def effective_lr(cfg: Config, global_batch: int) -> float:
 
 
 def param_groups(cfg: Config, model: nn.Module, lr: float) -> list[dict]:
-    """Trainable parameters grouped by (weight decay, learning rate): the recipe's decay rule, the head's LR."""
+    """Trainable parameters grouped by (weight decay, LR scale): the recipe's decay rule and ZERO_WD_1D_PARAM, the
+    head's LR multiplier, the layer-wise LR decay. Each group's ``lr_scale`` is its LR over the schedule's."""
     train = cfg.CONFIG.TRAIN
     head = set(head_parameter_names(model, cfg.CONFIG.DATA.NUM_CLASSES)) if train.HEAD_LR_MULT != 1 else set()
-    decay_norms = cfg.CONFIG.RECIPE == "gluoncv"
-    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    layer_scale = _layer_scale(cfg, model)
+    groups: dict[tuple[bool, float], list[nn.Parameter]] = {}
     for module_name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
             if not param.requires_grad:
                 continue
             name = f"{module_name}.{param_name}" if module_name else param_name
-            decay = decay_norms or not isinstance(module, _NormBase)
-            groups.setdefault((decay, name in head), []).append(param)
-    return [
-        {"params": params, "weight_decay": train.W_DECAY if decay else 0.0,
-         "lr": lr * train.HEAD_LR_MULT if is_head else lr}
-        for (decay, is_head), params in sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1]))
-    ]
+            scale = layer_scale(name) * (train.HEAD_LR_MULT if name in head else 1.0)
+            groups.setdefault((_decays(cfg, module, param), scale), []).append(param)
+    # Decayed groups first, and in each the unscaled one first: the order checkpoints of before the layer decay have.
+    order = sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1] != 1.0, -item[0][1]))
+    return [{"params": params, "weight_decay": train.W_DECAY if decay else 0.0, "lr": lr * scale, "lr_scale": scale}
+            for (decay, scale), params in order]
+
+
+# The layers whose weights are decayed under ZERO_WD_1D_PARAM; a parameter of any other module is a token or a
+# position embedding (a ViT's cls_token, position_embeddings), which VideoMAE's no_weight_decay() exempts.
+_WEIGHT_LAYERS = (nn.Linear, nn.modules.conv._ConvNd, nn.Embedding)
+
+
+def _decays(cfg: Config, module: nn.Module, param: nn.Parameter) -> bool:
+    if cfg.CONFIG.RECIPE == "pyslowfast" and isinstance(module, _NormBase):
+        return False
+    return not (cfg.CONFIG.TRAIN.ZERO_WD_1D_PARAM and (param.ndim <= 1 or not isinstance(module, _WEIGHT_LAYERS)))
+
+
+def _layer_scale(cfg: Config, model: nn.Module) -> Callable[[str], float]:
+    """LR scale of a parameter by its depth in a ViT (TRAIN.LAYER_DECAY, BEiT's and VideoMAE's rule): decay^(L + 1 -
+    depth), depth 0 the embeddings, L + 1 what follows the L encoder layers (scale 1)."""
+    decay = cfg.CONFIG.TRAIN.LAYER_DECAY
+    if decay == 1:
+        return lambda name: 1.0
+    vit_layer = getattr(model, "vit_layer", None)
+    if vit_layer is None:
+        raise ConfigError(f"CONFIG.TRAIN.LAYER_DECAY: model {cfg.CONFIG.MODEL.NAME} has no ViT encoder layers to "
+                          "decay the LR by; remove it or set 1")
+    depth = model.config.num_hidden_layers
+    return lambda name: decay ** (depth + 1 - vit_layer(name))
+
+
+def schedule_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The schedule's LR now (what logs and metrics report), whatever scale the first group has (layer decay); a
+    checkpoint saved before groups had ``lr_scale`` restores groups whose first is unscaled."""
+    group = optimizer.param_groups[0]
+    return group["lr"] / group.get("lr_scale", 1.0)
 
 
 def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Optimizer:

@@ -23,7 +23,7 @@ from trainer.data import build_dataset, build_loader, loader_workers
 from trainer.distributed import DistContext, add_launcher_args, launch
 from trainer.engine import test_multiview
 from trainer.errors import reading_checkpoint, report_user_errors
-from trainer.model_setup import build_model_from_config
+from trainer.model_setup import build_model_from_config, check_takes_clip
 from trainer.reporting import setup_logging
 from trainer.train import load_cli_config, setup_launcher_logging
 from trainer.weights import read_weights
@@ -37,6 +37,7 @@ def test_worker(ctx: DistContext, cfg: Config, ckpt: Path | None) -> dict:
     setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     data = cfg.CONFIG.DATA
     model = build_model_from_config(cfg)
+    check_takes_clip(model, cfg, "TEST_CROP_SIZE")
     with reading_checkpoint(f"checkpoint {ckpt or 'in ' + str(out / cfg.CONFIG.LOG.SAVE_DIR)}"):
         path = ckpt or checkpoint.find_eval_checkpoint(out / cfg.CONFIG.LOG.SAVE_DIR)
         trained = read_weights(path)

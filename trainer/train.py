@@ -82,7 +82,7 @@ from trainer.resume import EpochProgress, load_resume_state
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
 from trainer.runtime.host.channel import Join
 from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
-from trainer.solver import build_optimizer, build_scheduler, effective_lr
+from trainer.solver import build_optimizer, build_scheduler, effective_lr, schedule_lr
 from trainer.timeline import PROCESS
 from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, load_initial, resolve_normalisation
 
@@ -329,7 +329,7 @@ def run_epoch(run: Run, epoch: int) -> None:
     seed_everything(epoch_seed(cfg, epoch, ctx.rank))
     for loader in (run.train_loader, run.precise_bn_loader):  # the same loader twice without a separate one
         set_loader_epoch(loader, epoch)
-    epoch_lr, tally = state.scheduler.get_last_lr()[0], EpochTally.start(ctx.device)
+    epoch_lr, tally = schedule_lr(state.optimizer), EpochTally.start(ctx.device)
     if run.progress is not None:  # resumed mid-epoch: this rank's counts and RNG states as they were
         epoch_lr, tally = run.progress.lr, run.progress.restore(ctx)
         skip_batches(run.train_loader, run.progress.batches)
@@ -396,7 +396,7 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     with state.clock.waiting():
         verdict = run.control.agree(step_clips)
     heartbeat.stepped()
-    run.reporter.step_done(state.step, verdict.clips, state.scheduler.get_last_lr()[0])
+    run.reporter.step_done(state.step, verdict.clips, schedule_lr(state.optimizer))
     if not run.stepped:
         run.stepped = True
         PROCESS.mark("first_step")

@@ -41,7 +41,7 @@ def make_cfg(data: dict[str, Any], batch_size: int = 4, recipe: str = "gluoncv",
         CONFIG=SimpleNamespace(
             RECIPE=recipe,
             DATA=SimpleNamespace(**{**DATA_DEFAULTS, **data, **overrides}),
-            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3, DROP_LAST=False,
+            TRAIN=SimpleNamespace(BATCH_SIZE=batch_size, SEED=3, DROP_LAST=False, REPEATED_AUG=1,
                                   MULTIGRID=SimpleNamespace(USE_SHORT_CYCLE=False, USE_LONG_CYCLE=False)),
             VAL=SimpleNamespace(BATCH_SIZE=batch_size),
         )

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from trainer.config.ddp import DDPConfig
 from trainer.config.section import _Section
 from trainer.config.sections import DataConfig, InferenceConfig, LogConfig, ModelConfig, TrainConfig, ValConfig
+from trainer.hf_models import hf_family
 
 Recipe = Literal["gluoncv", "pyslowfast"]
 RECIPE_DEFAULT_WARMUP_START_LR: dict[str, float] = {"gluoncv": 0.0, "pyslowfast": 0.01}
@@ -71,6 +72,11 @@ def _training_problem(cfg: TrainingConfig) -> tuple[str, str] | None:
         return "TRAIN.EPOCH_NUM", (
             f"is {train.EPOCH_NUM}, not more than WARMUP_EPOCHS {train.WARMUP_EPOCHS}: GluonCV's cosine runs over "
             "the epochs after the warmup, and there are none"
+        )
+    if train.LAYER_DECAY != 1 and hf_family(model.NAME) is None:
+        return "TRAIN.LAYER_DECAY", (
+            f"decays the LR by a ViT's encoder layers, and model {model.NAME or '(none)'} is not a transformers "
+            "ViT (videomae_*, timesformer_*, vjepa2_*); remove it or set 1"
         )
     if model.BN_EVAL or model.BN_FROZEN or model.FREEZE_BACKBONE:
         frozen_by = next(k for k in ("BN_EVAL", "BN_FROZEN", "FREEZE_BACKBONE") if getattr(model, k))

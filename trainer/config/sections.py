@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 from pydantic_core import PydanticCustomError
 
 from trainer.config.section import UserPath, _changed, _only, _Section
+from trainer.hf_models import hf_family
 
 
 class MultigridConfig(_Section):
@@ -44,6 +45,26 @@ def _multigrid_problem(train: TrainConfig) -> tuple[str, str] | None:
             f"{last_stage} of 0-2 (the stages wrap around, as GluonCV's), not at the full shape; list 2 (or 5, 8, ...) "
             "epochs before the last, e.g. [EPOCH_NUM // 4, EPOCH_NUM // 2]"
         )
+    return None
+
+
+class MixupConfig(_Section):
+    ALPHA: float = Field(
+        0.0, ge=0, description="Mixup: each batch is blended with itself reversed by a Beta(ALPHA, ALPHA) weight, the "
+        "targets alike (timm's mixup, PySlowFast's MIXUP.ALPHA); 0 = off."
+    )
+    CUTMIX_ALPHA: float = Field(
+        0.0, ge=0, description="CutMix: a box of each clip (all its frames) comes from the reversed batch, its area "
+        "drawn from Beta(CUTMIX_ALPHA, CUTMIX_ALPHA), the targets mixed by area; 0 = off."
+    )
+    SWITCH_PROB: float = Field(
+        0.5, ge=0, le=1, description="With both on: the chance that a batch gets CutMix rather than Mixup."
+    )
+
+
+def _mixup_problem(mixup: MixupConfig) -> tuple[str, str] | None:
+    if not (mixup.ALPHA > 0 and mixup.CUTMIX_ALPHA > 0) and _changed(mixup, "SWITCH_PROB"):
+        return "MIXUP.SWITCH_PROB", "only ALPHA and CUTMIX_ALPHA both above 0 use it; remove it or set both"
     return None
 
 
@@ -120,7 +141,33 @@ class TrainConfig(_Section):
     )
     CLIP_GRAD_NORM: float = Field(0.0, ge=0, description="Clip the global gradient norm to this value; 0 turns it off.")
     ACCUM_STEPS: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (no_sync in between).")
-    LABEL_SMOOTHING: float = Field(0.0, ge=0, lt=1, description="Label smoothing of the cross-entropy loss.")
+    LABEL_SMOOTHING: float = Field(
+        0.0, ge=0, lt=1, description="Label smoothing of the cross-entropy loss (of the mixed targets under MIXUP)."
+    )
+    MIXUP: MixupConfig = Field(
+        default_factory=MixupConfig, description="Mixup and CutMix of each training batch (trainer/data/mixup.py)."
+    )
+    REPEATED_AUG: int = Field(
+        1,
+        ge=1,
+        description="Repeated augmentation (DeiT's RASampler, VideoMAE's num_sample): each video is drawn this many "
+        "times per epoch, differently augmented, the copies spread over the ranks; an epoch is that many times "
+        "longer in clips.",
+    )
+    LAYER_DECAY: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Layer-wise LR decay of a transformers ViT (BEiT's, VideoMAE's 0.75): encoder layer i "
+        "(0-based, of L) learns at LR x LAYER_DECAY^(L - i), the embeddings at LAYER_DECAY^(L + 1), the rest "
+        "(final norm, pooler, head) at LR; 1 = off.",
+    )
+    ZERO_WD_1D_PARAM: bool = Field(
+        False,
+        description="No weight decay on 1-D parameters (biases, norm weights) nor on tokens and position "
+        "embeddings (parameters of no Linear, Conv or Embedding layer), as VideoMAE and PySlowFast's "
+        "SOLVER.ZERO_WD_1D_PARAM do; on top of RECIPE's rule.",
+    )
     SEED: int = Field(
         0, ge=0, description="Seed for model init, sampling and augmentation (offset per rank and epoch)."
     )
@@ -160,7 +207,7 @@ class TrainConfig(_Section):
     )
 
     def _problem(self) -> tuple[str, str] | None:
-        return _inert_train_key(self) or _multigrid_problem(self)
+        return _inert_train_key(self) or _multigrid_problem(self) or _mixup_problem(self.MIXUP)
 
 
 def _inert_train_key(train: TrainConfig) -> tuple[str, str] | None:
@@ -379,6 +426,14 @@ class ModelConfig(_Section):
     DROPOUT_RATE: Annotated[float, Field(ge=0, lt=1)] | None = Field(
         None, description="Dropout before the classifier; unset keeps the model's own (0.5 for the ResNets here)."
     )
+    DROP_PATH_RATE: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Stochastic depth of the last encoder layer (rising linearly from 0 at the first), for the "
+        "transformers models whose config sets it: vjepa2_*. Refused for the others: VideoMAE's class has none, "
+        "TimesformerConfig types the rate as an int; 0 = off.",
+    )
 
     def _problem(self) -> tuple[str, str] | None:
         return _model_problem(self)
@@ -399,6 +454,10 @@ def _model_problem(model: ModelConfig) -> tuple[str, str] | None:
             "PRETRAINED: True (Kinetics weights) or LOAD with PRETRAINED_PATH, or PRETRAINED_BASE: False to train "
             "from random initialisation"
         )
+    family = hf_family(model.NAME)
+    if model.DROP_PATH_RATE > 0 and (family is None or family.no_drop_path):
+        why = family.no_drop_path if family else "none of the zoo's models has stochastic depth"
+        return "DROP_PATH_RATE", f"cannot be set for model {model.NAME}: {why}; remove it, or choose a vjepa2_* model"
     if model.PARTIAL_BN and (model.BN_EVAL or model.BN_FROZEN or model.FREEZE_BACKBONE):
         other = next(k for k in ("BN_EVAL", "BN_FROZEN", "FREEZE_BACKBONE") if getattr(model, k))
         return "PARTIAL_BN", f"keeps the first BatchNorm training, which {other} freezes; choose one of the two"

@@ -11,7 +11,9 @@ SCALE_JITTER in training), and the transforms do the short-side resize.
 Training randomness comes from a generator keyed by (TRAIN.SEED, epoch, index): a sample gets the same clip
 and crop whichever worker or rank loads it, with any NUM_WORKERS, and again after a resume. The training
 sampler hands the epoch in with each index (see loader.EpochDistributedSampler); a plain integer key means
-epoch 0. Under multigrid training the key also carries the batch's Grid (frames, stride, crop; multigrid.py).
+epoch 0. Under TRAIN.REPEATED_AUG the later copies of an index carry keys past any epoch (loader.RepeatedAugSampler),
+so each copy is augmented differently. Under multigrid training the key also carries the batch's Grid (frames,
+stride, crop; multigrid.py).
 
 An item's 'video' is the uint8 [C, T, s, s] region of the decoded frames that becomes its crop (a view: the worker
 touches no pixel after decoding), 'crop' is (crop size, flip). Where the model trains on a GPU (crop_on_device), the

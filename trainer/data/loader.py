@@ -44,6 +44,32 @@ class EpochDistributedSampler(DistributedSampler):
         return ((index, self.epoch) for index in super().__iter__())
 
 
+class RepeatedAugSampler(EpochDistributedSampler):
+    """Repeated augmentation (TRAIN.REPEATED_AUG = k): DeiT's RASampler without its cut of the epoch back to one pass
+    over the data, which VideoMAE's k samples per video amount to. Each epoch's shuffled indices are repeated k times
+    in a row and dealt to the ranks in turn (so a video's copies go to k ranks when there are as many), padded as
+    DistributedSampler pads: every index is drawn k times per epoch (a few k + 1 times, to even out the ranks)."""
+
+    # Copy r > 0 of an index is augmented under epoch key epoch + r * COPY_KEY_STRIDE, beyond any real epoch; copy 0
+    # keeps the epoch, so k = 1 draws what EpochDistributedSampler draws.
+    COPY_KEY_STRIDE = 2**32
+
+    def __init__(self, dataset: VideoClipDataset, num_replicas: int, rank: int, seed: int, repeats: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.repeats = repeats
+        self.num_samples = math.ceil(len(dataset) * repeats / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)  # DistributedSampler's shuffle
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
+        keys = [(index, self.epoch + copy * self.COPY_KEY_STRIDE) for index in order for copy in range(self.repeats)]
+        padding = self.total_size - len(keys)
+        keys += (keys * math.ceil(padding / len(keys)))[:padding]
+        return iter(keys[self.rank : self.total_size : self.num_replicas])
+
+
 class ResumableBatches(Sampler[list[Any]]):
     """A training loader's batches (a BatchSampler, or a MultigridBatchSampler) whose next pass may start part-way
     through the epoch: the keys of the batches before that point are drawn, as the uninterrupted pass draws them, and
@@ -186,6 +212,7 @@ def build_loader(
     dataset: VideoClipDataset, cfg: Config, split: Split, ctx: DistContext | None = None, multigrid: bool = True
 ) -> DataLoader:
     """DataLoader of a split for this process; BATCH_SIZE is per process (TRAIN for train, VAL for val/test).
+    TRAIN.REPEATED_AUG > 1 draws each training video that many times per epoch (RepeatedAugSampler).
     TRAIN.DROP_LAST drops a training epoch's last incomplete batch on every rank (the shards are equal). A training
     loader batches by the multigrid schedule when CONFIG.TRAIN.MULTIGRID asks for one (and ``multigrid``).
 
@@ -197,7 +224,9 @@ def build_loader(
     seed = cfg.CONFIG.TRAIN.SEED
     sampler: Sampler[Any]
     if split == "train":
-        sampler = EpochDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        repeats = cfg.CONFIG.TRAIN.REPEATED_AUG
+        sampler = (RepeatedAugSampler(dataset, world, rank, seed, repeats) if repeats > 1
+                   else EpochDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed))
         batch_size, drop_last = cfg.CONFIG.TRAIN.BATCH_SIZE, cfg.CONFIG.TRAIN.DROP_LAST
     else:
         sampler = ShardSampler(len(dataset), rank, world)

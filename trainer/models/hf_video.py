@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 from types import ModuleType
 from typing import Any
 
@@ -43,8 +44,22 @@ def _clip_class(family_name: str) -> type[nn.Module]:
         config = self.config
         return (getattr(config, family.frames_key), getattr(config, family.size_key)) if family.fixed_clip else None
 
+    prefix = re.escape(base.base_model_prefix)
+    embeddings = re.compile(rf"^{prefix}\.(?:encoder\.)?embeddings\.")  # V-JEPA 2 keeps them in its encoder
+    block = re.compile(rf"^{prefix}\.encoder\.layer\.(\d+)\.")
+
+    def vit_layer(self: nn.Module, param_name: str) -> int:
+        """Depth of a parameter for layer-wise LR decay, as BEiT's and VideoMAE's get_num_layer_for_vit count it: 0
+        the embeddings, i + 1 encoder layer i, num_hidden_layers + 1 everything after the encoder (norm, pooler,
+        head)."""
+        if embeddings.match(param_name):
+            return 0
+        found = block.match(param_name)
+        return int(found.group(1)) + 1 if found else self.config.num_hidden_layers + 1
+
     return type(f"{base.__name__}OnClips", (base,), {"forward": forward, "takes_clip": takes_clip,
-                                                      "hf_family": family_name, "__module__": __name__})
+                                                      "vit_layer": vit_layer, "hf_family": family_name,
+                                                      "__module__": __name__})
 
 
 def build_hf_model(model_name: str, num_classes: int, **overrides: Any) -> nn.Module:
