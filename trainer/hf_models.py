@@ -24,6 +24,8 @@ class HfFamily:
     size_key: str  # ... and of the square image size
     fixed_clip: bool  # the model takes only that clip (fixed position embeddings), not any
     unused_parameters: bool = False  # parameters classifying does not use (V-JEPA 2's predictor)
+    # the submodule an attentive probe freezes (MODEL.ATTENTIVE_PROBE): its encoder; "" for a family without a probe
+    probe_encoder: str = ""
     # config keys that change the computation without changing a tensor's shape: a checkpoint must agree on them
     arch_keys: tuple[str, ...] = ("hidden_act", "layer_norm_eps")
 
@@ -37,7 +39,7 @@ FAMILIES: dict[str, HfFamily] = {
                             "num_frames", "image_size", fixed_clip=False,
                             arch_keys=("hidden_act", "layer_norm_eps", "attention_type")),
     "vjepa2": HfFamily("vjepa2", "VJEPA2Config", "VJEPA2ForVideoClassification", "pixel_values_videos",
-                       "frames_per_clip", "crop_size", fixed_clip=False, unused_parameters=True,
+                       "frames_per_clip", "crop_size", fixed_clip=False, unused_parameters=True, probe_encoder="vjepa2",
                        arch_keys=("hidden_act", "layer_norm_eps", "tubelet_size", "patch_size")),
 }
 

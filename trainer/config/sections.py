@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 from pydantic_core import PydanticCustomError
 
 from trainer.config.section import UserPath, _changed, _only, _Section
+from trainer.hf_models import hf_family
 
 
 class MultigridConfig(_Section):
@@ -376,6 +377,11 @@ class ModelConfig(_Section):
     FREEZE_BACKBONE: bool = Field(
         False, description="Train only the classifier head; the backbone (BatchNorm included) stays as loaded."
     )
+    ATTENTIVE_PROBE: bool = Field(
+        False, description="V-JEPA 2: train only its attentive probe (the pooler and classifier) over the frozen "
+        "encoder, which stays in eval mode, out of the optimizer and of DDP's gradient sync; False fine-tunes the "
+        "whole model. Refused for models without a probe."
+    )
     DROPOUT_RATE: Annotated[float, Field(ge=0, lt=1)] | None = Field(
         None, description="Dropout before the classifier; unset keeps the model's own (0.5 for the ResNets here)."
     )
@@ -399,6 +405,12 @@ def _model_problem(model: ModelConfig) -> tuple[str, str] | None:
             "PRETRAINED: True (Kinetics weights) or LOAD with PRETRAINED_PATH, or PRETRAINED_BASE: False to train "
             "from random initialisation"
         )
+    if model.ATTENTIVE_PROBE:
+        family = hf_family(model.NAME)
+        if family is None or not family.probe_encoder:
+            return "ATTENTIVE_PROBE", f"model {model.NAME or '(none)'} has no attentive probe (V-JEPA 2 has); remove it"
+        if model.FREEZE_BACKBONE:
+            return "FREEZE_BACKBONE", "freezes the probe's pooler too, which ATTENTIVE_PROBE trains; choose one"
     if model.PARTIAL_BN and (model.BN_EVAL or model.BN_FROZEN or model.FREEZE_BACKBONE):
         other = next(k for k in ("BN_EVAL", "BN_FROZEN", "FREEZE_BACKBONE") if getattr(model, k))
         return "PARTIAL_BN", f"keeps the first BatchNorm training, which {other} freezes; choose one of the two"
