@@ -336,8 +336,9 @@ class ModelConfig(_Section):
     )
     PRETRAINED_PATH: UserPath = Field(
         "",
-        description="With LOAD: the weights file, or a Hugging Face checkpoint folder or hub id (read offline from "
-        "$HF_HOME's cache). With PRETRAINED: a local copy of the published file "
+        description="With LOAD: the weights file, or a Hugging Face checkpoint folder or hub id (a launch resolves "
+        "the id on the controller, from its Hugging Face cache or hub, and ships it; a run of its own reads "
+        "$HF_HOME's cache offline). With PRETRAINED: a local copy of the published file "
         "(default: the fetch-weights cache).",
     )
     PRETRAINED: bool = Field(
