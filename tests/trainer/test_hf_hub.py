@@ -1,18 +1,21 @@
 """A Hugging Face hub id in CONFIG.MODEL.PRETRAINED_PATH is resolved on the controller only: `python -m trainer
-fetch-weights OWNER/NAME` takes the snapshot from the site's Hugging Face cache through huggingface_hub (HF_HOME,
-HF_ENDPOINT, HF_HUB_OFFLINE as it reads them); a miss it cannot download is one line naming the id; a checkpoint of
-another family or size than MODEL.NAME is refused naming both, on the controller and by the trainer. The launcher's
-render gives every node a config naming the node's copy, and the ddp_launch weights task (a real ansible-playbook on
-this machine) puts the snapshot's files there. The cache is built here as huggingface_hub lays it out; no traffic
-leaves loopback."""
+fetch-weights OWNER/NAME` takes the snapshot from the site's Hugging Face cache, or downloads it there from the hub
+or a mirror, through huggingface_hub (HF_HOME, HF_ENDPOINT, HF_HUB_OFFLINE as it reads them). A miss it cannot
+download is one line naming the id; a checkpoint of another family or size than MODEL.NAME is refused naming both, on
+the controller and by the trainer. The launcher's render gives every node a config naming the node's copy, and the
+ddp_launch weights task (a real ansible-playbook on this machine) puts the snapshot's files there. The mirror is a
+server on loopback; where a cache is built by hand here, it is laid out as huggingface_hub lays it out."""
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import json
 import re
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +53,66 @@ def fetch(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str
                           capture_output=True, text=True, timeout=120)
 
 
-def test_the_controller_takes_a_hub_id_from_the_sites_cache(tmp_path: Path) -> None:
-    snapshot = hub_cache(tmp_path / "hf", HUB, "vjepa2_vitl")
-    # its mirror ($HF_ENDPOINT) cannot be reached: the cache answers (offline, the weights task's test below)
-    result = fetch(tmp_path / "hf", HUB, HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}")
+class Mirror:
+    """A hub mirror on loopback ($HF_ENDPOINT) serving one repository, ``folder``'s files at one revision, through the
+    routes huggingface_hub's snapshot_download asks: the revision, its file tree, and each file (HEAD, then GET)."""
+
+    def __init__(self, hub: str, folder: Path, revision: str = "f" * 40) -> None:
+        files = {p.name: p.read_bytes() for p in folder.iterdir()}
+        tree = [{"type": "file", "path": n, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                for n, b in files.items()]
+        routes = {f"/api/models/{hub}/revision/main": json.dumps({"id": hub, "sha": revision, "siblings": [
+                      {"rfilename": n} for n in files]}).encode(),
+                  f"/api/models/{hub}/tree/{revision}?recursive=true&expand=false": json.dumps(tree).encode(),
+                  **{f"/{hub}/resolve/{revision}/{n}": b for n, b in files.items()}}
+        self.asked: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(handler, body: bool) -> None:  # "handler": the request's, "self": the mirror's
+                self.asked.append(f"{handler.command} {handler.path}")
+                found = routes.get(handler.path)
+                handler.send_response(200 if found is not None else 404)
+                handler.send_header("Content-Length", str(len(found or b"")))
+                handler.send_header("X-Repo-Commit", revision)
+                handler.send_header("ETag", f'"{hashlib.sha256(found or b"").hexdigest()}"')
+                handler.end_headers()
+                if body and found:
+                    handler.wfile.write(found)
+
+            def do_GET(handler) -> None:
+                handler.answer(True)
+
+            def do_HEAD(handler) -> None:
+                handler.answer(False)
+
+            def log_message(handler, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_controller_downloads_a_hub_id_from_the_sites_mirror_into_its_cache_once(tmp_path: Path) -> None:
+    mirror = Mirror(HUB, save_checkpoint(tmp_path / "published", "vjepa2_vitl", num_labels=5))
+    try:
+        result = fetch(tmp_path / "hf", HUB, "--model", "vjepa2_vitl", HF_ENDPOINT=mirror.url)
+    finally:
+        mirror.close()
+    assert result.returncode == 2, result.stderr  # the tiny V-JEPA 2 is not a ViT-L: refused, but fetched first
+    assert f"{HUB}: a vjepa2 checkpoint of no size here (hidden_size 32," in result.stderr
+    assert {f"GET /{HUB}/resolve/{'f' * 40}/{n}" for n in ("config.json", "model.safetensors")} <= set(mirror.asked)
+    # now in the cache, where huggingface_hub put it: offline, the mirror gone, the same snapshot
+    result = fetch(tmp_path / "hf", HUB, HF_HUB_OFFLINE="1")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == str(snapshot)
+    snapshot = Path(result.stdout.splitlines()[-1])
+    assert snapshot == tmp_path / "hf" / "hub" / f"models--{HUB.replace('/', '--')}" / "snapshots" / ("f" * 40)
+    assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "published").iterdir()}
 
 
 def test_a_hub_id_the_controller_cannot_have_is_one_line_naming_it(tmp_path: Path) -> None:
