@@ -130,6 +130,6 @@ def apply_training_controls(model: nn.Module, cfg: Config) -> str:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     frozen = f"{len(names)} BatchNorm layer(s) frozen by MODEL.{key}" if key else "no BatchNorm frozen"
-    probe = "; the encoder frozen for the attentive probe (MODEL.ATTENTIVE_PROBE)" if cfg.CONFIG.MODEL.ATTENTIVE_PROBE \
-        else ""
-    return f"{frozen}{probe}; {trainable:,} of {total:,} parameters train"
+    if cfg.CONFIG.MODEL.ATTENTIVE_PROBE:
+        frozen += "; the encoder frozen for the attentive probe (MODEL.ATTENTIVE_PROBE)"
+    return f"{frozen}; {trainable:,} of {total:,} parameters train"

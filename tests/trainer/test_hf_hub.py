@@ -103,7 +103,8 @@ def test_the_controller_downloads_a_hub_id_from_the_sites_mirror_into_its_cache_
         result = fetch(tmp_path / "hf", HUB, "--model", "vjepa2_vitl", HF_ENDPOINT=mirror.url)
     finally:
         mirror.close()
-    assert result.returncode == 2, result.stderr  # the tiny V-JEPA 2 is not a ViT-L: refused, but fetched first
+    # the tiny V-JEPA 2 is not a ViT-L: refused in one line, but fetched first
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert f"{HUB}: a vjepa2 checkpoint of no size here (hidden_size 32," in result.stderr
     assert {f"GET /{HUB}/resolve/{'f' * 40}/{n}" for n in ("config.json", "model.safetensors")} <= set(mirror.asked)
     # now in the cache, where huggingface_hub put it: offline, the mirror gone, the same snapshot

@@ -80,7 +80,9 @@ def fetch_hub(hub: str) -> Path:
     older pytorch_model*.bin)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import disable_progress_bars
 
+    disable_progress_bars()  # the launch shows this command's stderr as its reason when it fails: one line
     try:
         folder = Path(snapshot_download(hub, allow_patterns=["*.json", "*.safetensors"]))
         if not any(folder.glob("*.safetensors")):
