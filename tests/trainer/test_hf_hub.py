@@ -24,7 +24,7 @@ import yaml
 
 from tests.cluster.conftest import flat, playbook_env
 from tests.trainer.test_hf_models import TINY, hub_cache, save_checkpoint
-from trainer.config import load_config
+from trainer.config import ConfigError, load_config, validate_config
 from trainer.models import build_model
 from trainer.node_config import JobSpec, render_job
 from trainer.weights import zoo
@@ -135,6 +135,13 @@ def test_the_zoos_options_are_refused_with_a_hub_id(capsys: pytest.CaptureFixtur
         assert capsys.readouterr().err == (f"error: {option[0]}: a hub id is fetched into the Hugging Face cache from "
                                            "the hub or its mirror ($HF_HOME / $HF_HUB_CACHE, $HF_ENDPOINT), not the "
                                            "zoo's\n")
+
+
+def test_a_hub_id_in_pretrained_is_refused_naming_the_key_it_goes_in() -> None:
+    with pytest.raises(ConfigError, match=re.escape(
+            "config: CONFIG.MODEL.PRETRAINED: a Hugging Face hub id goes in PRETRAINED_PATH, with LOAD: True "
+            f"(PRETRAINED: True starts from the zoo's published weights of NAME), got '{HUB}'")):
+        validate_config({"CONFIG": {"MODEL": {"NAME": "vjepa2_vitl", "PRETRAINED": HUB}}})
 
 
 def published_vitl(snapshot: Path) -> None:

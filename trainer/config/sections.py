@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 from pydantic_core import PydanticCustomError
 
 from trainer.config.section import UserPath, _changed, _only, _Section
-from trainer.hf_models import hf_family
+from trainer.hf_models import HUB_ID, hf_family
 
 
 class MultigridConfig(_Section):
@@ -386,6 +386,14 @@ class ModelConfig(_Section):
     DROPOUT_RATE: Annotated[float, Field(ge=0, lt=1)] | None = Field(
         None, description="Dropout before the classifier; unset keeps the model's own (0.5 for the ResNets here)."
     )
+
+    @field_validator("PRETRAINED", mode="before")
+    @classmethod
+    def _hub_id_elsewhere(cls, value: Any) -> Any:
+        if isinstance(value, str) and HUB_ID.fullmatch(value):
+            raise ValueError("a Hugging Face hub id goes in PRETRAINED_PATH, with LOAD: True (PRETRAINED: True starts "
+                             "from the zoo's published weights of NAME)")
+        return value
 
     def _problem(self) -> tuple[str, str] | None:
         return _model_problem(self)
