@@ -144,14 +144,21 @@ def test_mismatched_tensor_is_refused_by_name(tmp_path: Path, name: str) -> None
         load_initial(build_model(name, 5, **TINY[name]), cfg, init)
 
 
-def test_head_of_another_size_is_reinitialised_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_head_of_another_size_is_reinitialised_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     folder = save_checkpoint(tmp_path / "ckpt", "videomae_base", num_labels=7)
     cfg = config_for(tmp_path, "videomae_base", folder, classes=5)
     init = initial_weights(cfg)
     assert init is not None
     model = build_model("videomae_base", 5, **TINY["videomae_base"])
-    with caplog.at_level(logging.INFO, logger="trainer"):
-        report = initialise(model, cfg, init)
+    logger = logging.getLogger("trainer")
+    monkeypatch.setattr(logger, "propagate", False)  # as a run's setup_logging (in an earlier test) leaves it
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="trainer"):
+            report = initialise(model, cfg, init)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert sorted(report.head_reinitialised) == ["classifier.bias", "classifier.weight"]
     assert len(report.loaded) == len(model.state_dict()) - 2
     lines = [r.getMessage() for r in caplog.records if "re-initialised" in r.getMessage()]
