@@ -8,6 +8,7 @@
     make-annotations build train/val lists and a class index from a root/<class>/<video> tree
     make-dataset     write a small labelled synthetic H.264 dataset (motion classes) for demos and tests
     fetch-weights N  download model N's published Kinetics weights once into the cache; prints the file's path
+                     (N a Hugging Face hub id OWNER/NAME: its snapshot in the Hugging Face cache; prints the folder)
 """
 
 from __future__ import annotations

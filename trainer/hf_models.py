@@ -10,8 +10,13 @@ are those of the published checkpoints (``MCG-NJU/videomae-{small,base,large,hug
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name on the Hugging Face Hub
+HUB_FOLDER = "huggingface"  # where the launcher puts a hub id's snapshot in a node's weights cache
 
 
 @dataclass(frozen=True)
@@ -26,8 +31,12 @@ class HfFamily:
     unused_parameters: bool = False  # parameters classifying does not use (V-JEPA 2's predictor)
     # why MODEL.DROP_PATH_RATE cannot be set for it; "" where its config's drop_path_rate (stochastic depth) can
     no_drop_path: str = "its config has no drop_path_rate and its layers no stochastic depth"
+    # the submodule an attentive probe freezes (MODEL.ATTENTIVE_PROBE): its encoder; "" for a family without a probe
+    probe_encoder: str = ""
     # config keys that change the computation without changing a tensor's shape: a checkpoint must agree on them
     arch_keys: tuple[str, ...] = ("hidden_act", "layer_norm_eps")
+    # the config keys that make a size (MODEL.NAME's videomae_base or _large): a checkpoint of another is refused
+    size_keys: tuple[str, ...] = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
 FAMILIES: dict[str, HfFamily] = {
@@ -42,7 +51,8 @@ FAMILIES: dict[str, HfFamily] = {
                             arch_keys=("hidden_act", "layer_norm_eps", "attention_type")),
     "vjepa2": HfFamily("vjepa2", "VJEPA2Config", "VJEPA2ForVideoClassification", "pixel_values_videos",
                        "frames_per_clip", "crop_size", fixed_clip=False, unused_parameters=True, no_drop_path="",
-                       arch_keys=("hidden_act", "layer_norm_eps", "tubelet_size", "patch_size")),
+                       probe_encoder="vjepa2", arch_keys=("hidden_act", "layer_norm_eps", "tubelet_size", "patch_size"),
+                       size_keys=("hidden_size", "num_hidden_layers", "num_attention_heads", "mlp_ratio")),
 }
 
 
@@ -84,3 +94,16 @@ def missing_library(model_name: str) -> str | None:
         return None
     return (f"MODEL.NAME {model_name} needs the transformers package: it is not installed on this machine; install "
             "the version requirements.txt pins, or choose a model of the zoo")
+
+
+def hub_id(model_name: str, load: bool, path: str) -> str | None:
+    """The Hugging Face hub id (owner/name) that MODEL.PRETRAINED_PATH names for a transformers model loaded with
+    LOAD, and that is no local file or folder; None otherwise."""
+    if not load or hf_family(model_name) is None or HUB_ID.fullmatch(path) is None or Path(path).exists():
+        return None
+    return path
+
+
+def hub_folder(hub: str) -> str:
+    """Where in a node's weights cache the launcher puts the snapshot of hub id ``hub``: ``huggingface/OWNER/NAME``."""
+    return f"{HUB_FOLDER}/{hub}"

@@ -9,6 +9,8 @@ Training controls (GluonCV's keys, the meanings its model docstrings give them):
   normalization layers during training except the first one").
 - ``FREEZE_BACKBONE``: only the classifier head trains; every BatchNorm is frozen too, so the features stay those of
   the loaded weights.
+- ``ATTENTIVE_PROBE`` (V-JEPA 2): its attentive probe (pooler and classifier) trains over the frozen encoder, which
+  stays in eval mode (:mod:`trainer.models.hf_video`).
 
 A frozen BatchNorm becomes a ``FrozenStatsBatchNorm`` with the same tensors under the same names, so checkpoints
 load into the plain model and back; it is not a ``_BatchNorm``, so SyncBatchNorm conversion and precise BN leave it
@@ -127,7 +129,11 @@ def apply_training_controls(model: nn.Module, cfg: Config) -> str:
         head = set(head_parameter_names(model, cfg.CONFIG.DATA.NUM_CLASSES))
         for name, param in model.named_parameters():
             param.requires_grad_(name in head)
+    if cfg.CONFIG.MODEL.ATTENTIVE_PROBE:
+        model.probe_only()  # V-JEPA 2's (trainer.models.hf_video); the config refuses the key for other models
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     frozen = f"{len(names)} BatchNorm layer(s) frozen by MODEL.{key}" if key else "no BatchNorm frozen"
+    if cfg.CONFIG.MODEL.ATTENTIVE_PROBE:
+        frozen += "; the encoder frozen for the attentive probe (MODEL.ATTENTIVE_PROBE)"
     return f"{frozen}; {trainable:,} of {total:,} parameters train"

@@ -52,6 +52,7 @@ from trainer.config import (
     run_dir,
     validate_config,
 )
+from trainer.hf_models import HUB_FOLDER, hub_folder, hub_id
 from trainer.runtime import atomic, contract, layout, schema
 from trainer.runtime.job.straggler import Rules
 from trainer.runtime.job.timing import MIN_HANG_FACTOR
@@ -220,11 +221,27 @@ def node_config(experiment: Mapping[str, Any], job: JobSpec, node: NodeFacts, ra
         value = _get_dotted(data, key)
         if isinstance(value, str) and value:
             _set_dotted(data, key, layout.node_path(value, node.home))
+    hub = launch_hub(experiment, job)
+    if hub is not None:  # no path of the node's: its copy of the controller's snapshot (put there by the launcher)
+        _set_dotted(data, "CONFIG.MODEL.PRETRAINED_PATH", posixpath.join(node_weights_cache(node), hub_folder(hub)))
     resume = training["TRAIN"]["RESUME"]
     if resume not in ("", "auto"):
         training["TRAIN"]["RESUME"] = layout.node_path(resume, node.home)
     role = "spare" if node in job.spares else f"rank {rank}"
     return validate_config(data, f"node {node.name} ({role})")
+
+
+def launch_hub(experiment: Mapping[str, Any], job: JobSpec) -> str | None:
+    """The Hugging Face hub id that the job's MODEL.PRETRAINED_PATH names (:func:`trainer.hf_models.hub_id`), or None.
+    The launcher resolves it on the controller and copies the snapshot into every node's weights cache
+    (roles/ddp_launch/tasks/weights.yml); the node's config names that copy."""
+    model = (merge(dict(experiment), job.overrides or {}).get("CONFIG") or {}).get("MODEL") or {}
+    path = model.get("PRETRAINED_PATH")
+    return hub_id(str(model.get("NAME", "")), model.get("LOAD") is True, path) if isinstance(path, str) else None
+
+
+def node_weights_cache(node: NodeFacts) -> str:
+    return layout.node_path(contract.WEIGHTS_CACHE, node.home)
 
 
 def header(job: JobSpec, node: NodeFacts, rank: int, source: str) -> str:
@@ -279,13 +296,15 @@ def node_plan(job: JobSpec, node: NodeFacts, cfg: Config, per_node: int, backend
             code_archive=posixpath.join(folder, layout.CODE_ARCHIVE), code_dir=code, env_python=python, run_dir=run,
             checkpoints=posixpath.join(run, log.SAVE_DIR), status_file=posixpath.join(run, contract.STATUS_FILE),
             log_file=posixpath.join(run, log.LOG_FILENAME),
-            weights_cache=layout.node_path(contract.WEIGHTS_CACHE, node.home),
+            weights_cache=node_weights_cache(node),
             results=tuple(posixpath.join(run, name) for name in contract.run_files(log.LOG_FILENAME)),
         ),
         watch=job.watch,
         restarts=job.restarts,
         stragglers=job.stragglers,
-        data_paths=tuple(input_paths(cfg)),
+        # a hub id's snapshot arrives after the launch's check of the node's inputs: the trainer checks it
+        data_paths=tuple((key, path) for key, path in input_paths(cfg)
+                         if not path.startswith(posixpath.join(node_weights_cache(node), HUB_FOLDER, ""))),
     )
 
 
@@ -295,11 +314,13 @@ def render_job(experiment: Mapping[str, Any], job: JobSpec, source: str) -> dict
         raise ConfigError("the job has no nodes")
     per_node, backend = workers_per_node(job)
     members: dict[str, Any] = {}
-    pretrained = ""
+    hub = launch_hub(experiment, job)
+    pretrained, model_name = hub or "", ""
     for index, node in enumerate(job.members):
         rank = index if node in job.nodes else 0
         cfg = node_config(experiment, job, node, rank)
         model = cfg.CONFIG.MODEL
+        model_name = model.NAME
         if model.PRETRAINED and not model.PRETRAINED_PATH:
             pretrained = model.NAME  # published weights the nodes read from their cache: the launcher ships them
         members[node.name] = {
@@ -316,7 +337,9 @@ def render_job(experiment: Mapping[str, Any], job: JobSpec, source: str) -> dict
         "root": job.nodes[0].name,
         "root_ip": job.nodes[0].ip,
         "port": job.port,
-        "pretrained": pretrained,
+        "pretrained": pretrained,  # a zoo model's name, or a hub id (then its folder in the nodes' weights cache)
+        "pretrained_folder": hub_folder(hub) if hub else "",
+        "pretrained_model": model_name if hub else "",  # what the controller checks the snapshot against
         "members": members,
     }
 

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from tests.conftest import ALL_GPUS, GPUS_ENV
 from tests.trainer.prepared_videos import SYNTHETIC, make_synthetic_task, prepared_videos
+from tests.trainer.test_distributed import free_port
 from trainer.data.synthetic import dataset_settings
+from trainer.distributed import DistContext
 
 # Debian's ffmpeg encoder, fast settings; 8-frame GOPs so clips cross key frames. AV1 is what decord cannot open.
 AV1 = ["-c:v", "libaom-av1", "-cpu-used", "8", "-row-mt", "1", "-g", "8", "-pix_fmt", "yuv420p"]
@@ -24,6 +30,18 @@ def ffmpeg(*args: str, data: bytes | None = None) -> bytes:
     if proc.returncode != 0:
         raise AssertionError(f"ffmpeg {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
     return proc.stdout
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[DistContext]:
+    """A gloo process group of this process alone, for DDP on the CPU."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        yield DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
+                          device=torch.device("cpu"), backend="gloo", distributed=True, dist_url="")
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

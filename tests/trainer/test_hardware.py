@@ -6,20 +6,16 @@ the refusals also go through the node check the launch runs (python -m trainer.c
 
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import yaml
 from torch import nn
 
-from tests.trainer.test_distributed import free_port
 from trainer.accel import autocast_dtype, ddp_module, grad_scaler, uses_grad_scaler, wrap_ddp
 from trainer.config import ConfigError, validate_config
 from trainer.distributed import DistContext
@@ -119,17 +115,6 @@ def test_compile_on_a_node_without_a_compiler_is_refused_by_the_node_check(
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: {config}: CONFIG.TRAIN.COMPILE: torch.compile needs a C++ compiler")
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[DistContext]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        yield DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
-                          device=torch.device("cpu"), backend="gloo", distributed=True, dist_url="")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_compiled_model_is_not_given_a_static_graph(one_rank_group: DistContext) -> None:

@@ -4,6 +4,7 @@ library's own logits; a missing or reshaped tensor, another clip, or a node with
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import subprocess
@@ -55,6 +56,23 @@ def save_checkpoint(folder: Path, name: str, num_labels: int) -> Path:
     processor = getattr(transformers, PROCESSORS[family.model_type])
     processor(crop_size={"height": SIZE, "width": SIZE}, image_mean=MEAN, image_std=STD).save_pretrained(folder)
     return folder
+
+
+def hub_cache(home: Path, hub: str, name: str, num_labels: int = 5) -> Path:
+    """A tiny checkpoint of ``name`` as huggingface_hub keeps a download of ``hub`` in the cache of $HF_HOME ``home``:
+    ``hub/models--OWNER--NAME/{refs/main, blobs/HASH, snapshots/REVISION/FILE -> ../../blobs/HASH}``; returns the
+    snapshot folder."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = home / "hub" / f"models--{hub.replace('/', '--')}"
+    snapshot = save_checkpoint(repo / "snapshots" / revision, name, num_labels)
+    (repo / "blobs").mkdir()
+    for file in snapshot.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        file.rename(blob)
+        file.symlink_to(Path("../..") / "blobs" / blob.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
 
 
 def config_for(tmp_path: Path, name: str, weights: Path | str, classes: int, **data: Any) -> Any:
@@ -126,14 +144,21 @@ def test_mismatched_tensor_is_refused_by_name(tmp_path: Path, name: str) -> None
         load_initial(build_model(name, 5, **TINY[name]), cfg, init)
 
 
-def test_head_of_another_size_is_reinitialised_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_head_of_another_size_is_reinitialised_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     folder = save_checkpoint(tmp_path / "ckpt", "videomae_base", num_labels=7)
     cfg = config_for(tmp_path, "videomae_base", folder, classes=5)
     init = initial_weights(cfg)
     assert init is not None
     model = build_model("videomae_base", 5, **TINY["videomae_base"])
-    with caplog.at_level(logging.INFO, logger="trainer"):
-        report = initialise(model, cfg, init)
+    logger = logging.getLogger("trainer")
+    monkeypatch.setattr(logger, "propagate", False)  # as a run's setup_logging (in an earlier test) leaves it
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="trainer"):
+            report = initialise(model, cfg, init)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert sorted(report.head_reinitialised) == ["classifier.bias", "classifier.weight"]
     assert len(report.loaded) == len(model.state_dict()) - 2
     lines = [r.getMessage() for r in caplog.records if "re-initialised" in r.getMessage()]
@@ -171,19 +196,14 @@ def test_checkpoint_of_another_architecture_is_refused_by_key(tmp_path: Path) ->
 
 
 def test_hub_id_is_read_from_the_sites_cache_offline(tmp_path: Path) -> None:
-    # the cache as huggingface_hub lays it out: $HF_HOME/hub/models--OWNER--NAME/{refs/main, snapshots/REVISION/}
-    revision = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "hf" / "hub" / "models--vidcluster-test--tiny-videomae"
-    save_checkpoint(repo / "snapshots" / revision, "videomae_base", num_labels=5)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(revision)
+    snapshot = hub_cache(tmp_path / "hf", "vidcluster-test/tiny-videomae", "videomae_base")
     code = ("import sys; sys.path.insert(0, '.'); from trainer.weights.hf_checkpoint import read_checkpoint; "
             "c = read_checkpoint('vidcluster-test/tiny-videomae', 'videomae_base'); print(c.folder, c.frames, c.size)")
     env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf")}
     result = subprocess.run([sys.executable, "-I", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(repo / "snapshots" / revision), str(FRAMES), str(SIZE)]
+    assert result.stdout.split() == [str(snapshot), str(FRAMES), str(SIZE)]
 
 
 def test_hub_id_not_in_the_cache_is_refused_without_fetching(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 from pydantic_core import PydanticCustomError
 
 from trainer.config.section import UserPath, _changed, _only, _Section
-from trainer.hf_models import hf_family
+from trainer.hf_models import HUB_ID, hf_family
 
 
 class MultigridConfig(_Section):
@@ -382,8 +382,9 @@ class ModelConfig(_Section):
     )
     PRETRAINED_PATH: UserPath = Field(
         "",
-        description="With LOAD: the weights file, or a Hugging Face checkpoint folder or hub id (read offline from "
-        "$HF_HOME's cache). With PRETRAINED: a local copy of the published file "
+        description="With LOAD: the weights file, or a Hugging Face checkpoint folder or hub id (a launch resolves "
+        "the id on the controller, from its Hugging Face cache or hub, and ships it; a run of its own reads "
+        "$HF_HOME's cache offline). With PRETRAINED: a local copy of the published file "
         "(default: the fetch-weights cache).",
     )
     PRETRAINED: bool = Field(
@@ -423,6 +424,11 @@ class ModelConfig(_Section):
     FREEZE_BACKBONE: bool = Field(
         False, description="Train only the classifier head; the backbone (BatchNorm included) stays as loaded."
     )
+    ATTENTIVE_PROBE: bool = Field(
+        False, description="V-JEPA 2: train only its attentive probe (the pooler and classifier) over the frozen "
+        "encoder, which stays in eval mode, out of the optimizer and of DDP's gradient sync; False fine-tunes the "
+        "whole model. Refused for models without a probe."
+    )
     DROPOUT_RATE: Annotated[float, Field(ge=0, lt=1)] | None = Field(
         None, description="Dropout before the classifier; unset keeps the model's own (0.5 for the ResNets here)."
     )
@@ -434,6 +440,14 @@ class ModelConfig(_Section):
         "transformers models whose config sets it: vjepa2_*. Refused for the others: VideoMAE's class has none, "
         "TimesformerConfig types the rate as an int; 0 = off.",
     )
+
+    @field_validator("PRETRAINED", mode="before")
+    @classmethod
+    def _hub_id_elsewhere(cls, value: Any) -> Any:
+        if isinstance(value, str) and HUB_ID.fullmatch(value):
+            raise ValueError("a Hugging Face hub id goes in PRETRAINED_PATH, with LOAD: True (PRETRAINED: True starts "
+                             "from the zoo's published weights of NAME)")
+        return value
 
     def _problem(self) -> tuple[str, str] | None:
         return _model_problem(self)
@@ -458,6 +472,11 @@ def _model_problem(model: ModelConfig) -> tuple[str, str] | None:
     if model.DROP_PATH_RATE > 0 and (family is None or family.no_drop_path):
         why = family.no_drop_path if family else "none of the zoo's models has stochastic depth"
         return "DROP_PATH_RATE", f"cannot be set for model {model.NAME}: {why}; remove it, or choose a vjepa2_* model"
+    if model.ATTENTIVE_PROBE:
+        if family is None or not family.probe_encoder:
+            return "ATTENTIVE_PROBE", f"model {model.NAME or '(none)'} has no attentive probe (V-JEPA 2 has); remove it"
+        if model.FREEZE_BACKBONE:
+            return "FREEZE_BACKBONE", "freezes the probe's pooler too, which ATTENTIVE_PROBE trains; choose one"
     if model.PARTIAL_BN and (model.BN_EVAL or model.BN_FROZEN or model.FREEZE_BACKBONE):
         other = next(k for k in ("BN_EVAL", "BN_FROZEN", "FREEZE_BACKBONE") if getattr(model, k))
         return "PARTIAL_BN", f"keeps the first BatchNorm training, which {other} freezes; choose one of the two"

@@ -57,7 +57,24 @@ def _clip_class(family_name: str) -> type[nn.Module]:
         found = block.match(param_name)
         return int(found.group(1)) + 1 if found else self.config.num_hidden_layers + 1
 
-    return type(f"{base.__name__}OnClips", (base,), {"forward": forward, "takes_clip": takes_clip,
+    def train(self: nn.Module, mode: bool = True) -> nn.Module:
+        base.train(self, mode)
+        if self.probing:  # the probe's encoder never trains: no dropout, whatever the loop asks
+            self.get_submodule(family.probe_encoder).eval()
+        return self
+
+    def probe_only(self: nn.Module) -> None:
+        """The attentive probe: the encoder frozen (no gradients, so neither the optimizer nor DDP's gradient sync
+        holds it) and in eval mode from now on; the pooler and classifier train."""
+        if not family.probe_encoder:
+            raise ValueError(f"transformers' {family.model_class} has no attentive probe")
+        self.get_submodule(family.probe_encoder).requires_grad_(False)
+        self.probing = True
+        self.needs_unused_parameters = False  # the unused predictor is in the frozen encoder: every trained part runs
+        self.train(self.training)
+
+    return type(f"{base.__name__}OnClips", (base,), {"forward": forward, "takes_clip": takes_clip, "train": train,
+                                                      "probe_only": probe_only, "probing": False,
                                                       "vit_layer": vit_layer, "hf_family": family_name,
                                                       "__module__": __name__})
 

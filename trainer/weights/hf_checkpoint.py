@@ -1,7 +1,10 @@
 """Initial weights from a Hugging Face checkpoint: ``CONFIG.MODEL.LOAD: True`` with ``PRETRAINED_PATH`` a folder saved
 by ``save_pretrained`` (``config.json``, ``model.safetensors`` or its shards, and the processor's
 ``preprocessor_config.json`` or ``video_preprocessor_config.json``) or a hub id (``MCG-NJU/videomae-base``) already
-in the site's Hugging Face cache (``$HF_HOME``): read offline, never fetched at run time.
+in the site's Hugging Face cache (``$HF_HOME``): read offline, never fetched at run time. A launch resolves a hub id
+on the controller (:func:`fetch_hub`, ``python -m trainer fetch-weights OWNER/NAME``), refuses a checkpoint of
+another family or size than MODEL.NAME (:func:`check_hub_model`), and gives every node a copy of the snapshot, which
+the node's config names (:mod:`trainer.node_config`, roles/ddp_launch/tasks/weights.yml).
 
 The library reads the tensors (its ``from_pretrained``, which also renames a checkpoint's older tensor names to its
 current ones); what it reports missing, mismatched or unexpected is then judged by the zoo's strict rules
@@ -15,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from trainer.config import ConfigError
-from trainer.hf_models import HfFamily, hf_family
+from trainer.hf_models import FAMILIES, HF_MODELS, HUB_ID, HfFamily, hf_family
 from trainer.weights.formats import WeightsError
 from trainer.weights.loading import LoadReport, check_complete, classifier_names
 
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
     from trainer.config import Config
 
 FORMAT = "huggingface"
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
 
 
@@ -72,6 +73,34 @@ def checkpoint_folder(path: str) -> Path:
         ) from None
 
 
+def fetch_hub(hub: str) -> Path:
+    """On the controller: the snapshot of hub id ``hub`` in the site's Hugging Face cache, downloaded into it first
+    if it is not there. huggingface_hub decides where and whence: $HF_HOME or $HF_HUB_CACHE, $HF_ENDPOINT (a mirror),
+    $HF_HUB_OFFLINE (the cache only). Only what loading reads: the configs and the tensors (safetensors, else the
+    older pytorch_model*.bin)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # the launch shows this command's stderr as its reason when it fails: one line
+    try:
+        folder = Path(snapshot_download(hub, allow_patterns=["*.json", "*.safetensors"]))
+        if not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(hub, allow_patterns=["*.json", "pytorch_model*.bin"]))
+    except LocalEntryNotFoundError:  # offline, or the hub unreachable, and not in the cache
+        from huggingface_hub import constants
+
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
+        raise WeightsError(f"{hub}: not in the Hugging Face cache {constants.HF_HUB_CACHE}, and {why}; download it "
+                           f"once where the hub is reachable ('hf download {hub}')") from None
+    except (HFValidationError, OSError) as exc:  # the hub's refusals (no such repository, gated) are OSErrors too
+        first = (str(exc).splitlines() or [""])[0]
+        raise WeightsError(f"{hub}: cannot be had from the Hugging Face hub: {type(exc).__name__}: {first}") from None
+    if not (folder / "config.json").is_file():
+        raise WeightsError(f"{hub}: no config.json in its snapshot {folder}: not a transformers checkpoint")
+    return folder
+
+
 def _json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -101,9 +130,7 @@ def read_checkpoint(path: str, model_name: str) -> HfCheckpoint:
     family = _family(model_name)
     folder = checkpoint_folder(path)
     config = _json(folder / "config.json")
-    if config.get("model_type") != family.model_type:
-        raise WeightsError(f"{folder}/config.json: model_type {config.get('model_type')!r}, but MODEL.NAME "
-                           f"{model_name} is a {family.model_type} model")
+    _check_family(config, f"{folder}/config.json", family, model_name)
     mean, std = _normalisation(folder)
     return HfCheckpoint(folder, config, int(config[family.frames_key]),
                         _square(config[family.size_key], folder, family.size_key), mean, std)
@@ -117,10 +144,57 @@ def _family(model_name: str) -> HfFamily:
     return family
 
 
+def _check_family(config: dict[str, Any], where: str, family: HfFamily, model_name: str) -> None:
+    if config.get("model_type") != family.model_type:
+        raise WeightsError(f"{where}: model_type {config.get('model_type')!r}, but MODEL.NAME {model_name} is a "
+                           f"{family.model_type} model")
+
+
+def _size(config: dict[str, Any], family: HfFamily) -> str:
+    return ", ".join(f"{key} {config.get(key)!r}" for key in family.size_keys)
+
+
+def _same_size(theirs: dict[str, Any], ours: dict[str, Any], family: HfFamily) -> bool:
+    return all(key not in theirs or _same([float(ours.get(key, "nan"))], (float(theirs[key]),))
+               for key in family.size_keys)
+
+
+def _library_config(name: str) -> dict[str, Any]:
+    """The config ``build_hf_model`` gives MODEL.NAME ``name`` (the library's default, then the size's values)."""
+    import transformers
+
+    spec = HF_MODELS[name]
+    return {**getattr(transformers, _family(name).config_class)().to_dict(), **spec.config}
+
+
+def _check_size(config: dict[str, Any], where: str, ours: dict[str, Any], model_name: str) -> None:
+    """WeightsError naming both when the checkpoint is of another size than MODEL.NAME (what its config says, and
+    the size's name when it is one of ours)."""
+    family = _family(model_name)
+    if _same_size(config, ours, family):
+        return
+    names = [name for name, spec in HF_MODELS.items()
+             if FAMILIES[spec.family] is family and _same_size(config, _library_config(name), family)]
+    theirs = f"a {' / '.join(names)} checkpoint" if names else f"a {family.model_type} checkpoint of no size here"
+    advice = f"set MODEL.NAME to {names[0]}" if names else "name a checkpoint of this size"
+    raise WeightsError(f"{where}: {theirs} ({_size(config, family)}), but MODEL.NAME {model_name} is "
+                       f"{_size(ours, family)}; {advice}")
+
+
+def check_hub_model(folder: Path, hub: str, model_name: str) -> None:
+    """On the controller, before a node gets the snapshot ``folder`` of ``hub``: WeightsError naming both when its
+    config.json is of another family or size than MODEL.NAME ``model_name``."""
+    config = _json(folder / "config.json")
+    _check_family(config, hub, _family(model_name), model_name)
+    _check_size(config, hub, _library_config(model_name), model_name)
+
+
 def check_architecture(model: nn.Module, checkpoint: HfCheckpoint, model_name: str) -> None:
-    """WeightsError naming each config.json value that computes otherwise than ``model`` with the same tensors."""
+    """WeightsError naming the checkpoint's size and the model's when they differ, or each config.json value that
+    computes otherwise than ``model`` with the same tensors."""
     family = _family(model_name)
     ours = model.config.to_dict()
+    _check_size(checkpoint.config, f"{checkpoint.folder}/config.json", ours, model_name)
     differ = [f"{key} {checkpoint.config[key]!r} (the model's {ours.get(key)!r})" for key in family.arch_keys
               if key in checkpoint.config and checkpoint.config[key] != ours.get(key)]
     if differ:

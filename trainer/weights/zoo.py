@@ -36,6 +36,7 @@ launch-training.yml ships that table to the nodes with the weights.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from trainer.hf_models import HUB_ID
 from trainer.runtime import atomic
 from trainer.runtime.contract import WEIGHTS_ALLOW_HTTP_ENV as ALLOW_HTTP_ENV
 from trainer.runtime.contract import WEIGHTS_CACHE as DEFAULT_CACHE
@@ -323,11 +325,12 @@ def _write_record(path: Path, sha256: str, entry: ZooEntry) -> None:
 
 def main(argv: list[str]) -> int:
     """``python -m trainer fetch-weights NAME [--cache DIR] [--base-url URL]``: prints the cached file's path."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m trainer fetch-weights",
                                      description="download a model's published Kinetics weights into the cache")
-    parser.add_argument("name", nargs="?", help="model name as in CONFIG.MODEL.NAME")
+    parser.add_argument("name", nargs="?", help="model name as in CONFIG.MODEL.NAME, or a Hugging Face hub id "
+                        "(OWNER/NAME, as in CONFIG.MODEL.PRETRAINED_PATH): its snapshot in the Hugging Face cache")
+    parser.add_argument("--model", help="with a hub id: the CONFIG.MODEL.NAME it is for; a checkpoint of another "
+                        "family or size is refused")
     parser.add_argument("--cache", help=f"cache directory (default ${CACHE_ENV} or {DEFAULT_CACHE})")
     parser.add_argument("--base-url", help=f"mirror laid out like the cache (default ${URL_ENV} or the source)")
     parser.add_argument("--allow-http", action="store_true",
@@ -342,6 +345,10 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.name:
         parser.error("NAME is required (or --list)")
+    if HUB_ID.fullmatch(args.name):
+        return _fetch_hub(args)
+    if args.model:
+        parser.error("--model: only with a Hugging Face hub id (the zoo's weights are named by their model)")
     try:
         path = fetch(args.name, args.cache, args.base_url, args.allow_http)
     except WeightsError as exc:
@@ -350,4 +357,25 @@ def main(argv: list[str]) -> int:
     recorded = record_path(path).read_text().split()[0]
     print(f"sha256 {recorded}, recorded in {record_path(path).name} and checked on every use", file=sys.stderr)
     print(path)
+    return 0
+
+
+def _fetch_hub(args: argparse.Namespace) -> int:
+    """fetch-weights OWNER/NAME: the hub id's snapshot in the Hugging Face cache (where huggingface_hub's own
+    variables say), checked against --model; prints the snapshot folder."""
+    from trainer.weights import hf_checkpoint
+
+    for option in ("cache", "base_url", "allow_http"):
+        if getattr(args, option):
+            print(f"error: --{option.replace('_', '-')}: a hub id is fetched into the Hugging Face cache from the hub "
+                  "or its mirror ($HF_HOME / $HF_HUB_CACHE, $HF_ENDPOINT), not the zoo's", file=sys.stderr)
+            return 2
+    try:
+        folder = hf_checkpoint.fetch_hub(args.name)
+        if args.model:
+            hf_checkpoint.check_hub_model(folder, args.name, args.model)
+    except WeightsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(folder)
     return 0
