@@ -1,0 +1,145 @@
+"""DDP_CONFIG.SHARDING fsdp2 (trainer.sharding): real runs of ``python -m trainer.train`` over gloo on the synthetic
+videos, their DCP checkpoint folders resumed exactly on 2 ranks and resharded onto 1 and 3; the config's rules; a
+checkpoint of the other kind refused naming the file; a transformers model sharded per block.
+
+The trainer runs use the zoo's tiny I3D, which has no transformer blocks, so it is sharded at the root (as the log
+says); the per-block sharding of a video transformer is checked on a tiny VideoMAE in spawned gloo processes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from tests.trainer.test_resume import assert_same_run, config, digests
+from tests.trainer.test_train import run_trainer
+from trainer.checkpoint import TRAINER_STATE_FILE, read_checkpoint
+from trainer.config import ConfigError, validate_config
+from trainer.errors import CheckpointError
+from trainer.models import build_model
+from trainer.models.hf_video import build_hf_model
+from trainer.sharding import check_resume_kind, transformer_blocks
+
+TINY_VIDEOMAE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                 "image_size": 32, "num_frames": 4, "patch_size": 16, "tubelet_size": 2}
+
+
+def sharded_config(data: dict[str, Any], tmp: Path, name: str, workers: int = 2, **ddp: Any) -> Path:
+    """test_resume's experiment (3 epochs, a checkpoint after each) under SHARDING fsdp2 on ``workers`` ranks, in
+    float32 (I3D's BatchNorm layers cannot compute in bf16 under FSDP2)."""
+    path = config(data, tmp, name)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["DDP_CONFIG"].update({"SHARDING": "fsdp2", "FSDP_PARAM_DTYPE": "float32", "DISTRIBUTED": True,
+                              "CPU_WORKERS": workers, **ddp})
+    cfg["CONFIG"]["TRAIN"]["BATCH_SIZE"] = max(4 // workers, 1)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def train(cfg: Path, check: bool = True) -> Any:
+    return run_trainer("-m", "trainer.train", "--config-file", cfg, check=check)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(synthetic_dataset: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: a 2-rank FSDP2 run from start to end."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    out = train(sharded_config(synthetic_dataset, tmp, "run"))
+    assert "has no transformer blocks: sharded over 2 rank(s) at the root only" in out.stdout + out.stderr
+    ckpts = tmp / "run" / "checkpoints"
+    assert {p.name for p in ckpts.iterdir()} == {"best.dcp", "epoch_0001.dcp", "epoch_0002.dcp", "epoch_0003.dcp"}
+    assert len(set(digests(tmp / "run"))) == 1
+    return tmp / "run"
+
+
+def resumed_copy(reference: Path, tmp: Path, keep_epoch: int) -> Path:
+    """``reference``'s run directory copied to tmp/run, its checkpoints after epoch ``keep_epoch`` removed."""
+    run = tmp / "run"
+    shutil.copytree(reference, run)
+    for folder in (run / "checkpoints").glob("epoch_*.dcp"):
+        if int(folder.name[6:10]) > keep_epoch:
+            shutil.rmtree(folder)
+    (run / "weights_digest.json").unlink()
+    return run
+
+
+def test_fsdp2_resumes_exactly(synthetic_dataset: dict[str, Any], fsdp_run: Path, tmp_path: Path) -> None:
+    """Resumed from the epoch-1 folder, the 2-rank run ends with the uninterrupted run's weights and records."""
+    run = resumed_copy(fsdp_run, tmp_path, keep_epoch=1)
+    cfg = sharded_config(synthetic_dataset, tmp_path, "run")
+    out = train(cfg)
+    assert f"resumed from {run / 'checkpoints' / 'epoch_0001.dcp'} at epoch 1" in out.stdout + out.stderr
+    assert_same_run(run, fsdp_run)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_two_rank_checkpoint_resumes_on_another_number_of_ranks(
+    synthetic_dataset: dict[str, Any], fsdp_run: Path, tmp_path: Path, workers: int
+) -> None:
+    """The last folder, written by 2 ranks, loaded by ``workers`` ranks: no epoch is left, so the run's final weights
+    (gathered from the new shards) are the checkpoint's, which are the 2-rank run's."""
+    run = resumed_copy(fsdp_run, tmp_path, keep_epoch=3)
+    train(sharded_config(synthetic_dataset, tmp_path, "run", workers=workers))
+    assert digests(run) == digests(fsdp_run)[:1] * workers
+
+
+def test_a_ddp_run_refuses_an_fsdp2_checkpoint_naming_it(
+    synthetic_dataset: dict[str, Any], fsdp_run: Path, tmp_path: Path
+) -> None:
+    run = resumed_copy(fsdp_run, tmp_path, keep_epoch=2)
+    cfg = sharded_config(synthetic_dataset, tmp_path, "run")
+    data = yaml.safe_load(cfg.read_text())
+    data["DDP_CONFIG"]["SHARDING"] = "ddp"
+    del data["DDP_CONFIG"]["FSDP_PARAM_DTYPE"]
+    cfg.write_text(yaml.safe_dump(data))
+    out = train(cfg, check=False)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert (f"CONFIG.TRAIN.RESUME: {run / 'checkpoints' / 'epoch_0002.dcp'} is an FSDP2 checkpoint"
+            in out.stdout + out.stderr), out.stderr[-2000:]
+
+
+def test_an_fsdp2_run_refuses_a_ddp_checkpoint_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "epoch_0001.pth"
+    torch.save({"model": {}, "epoch": 1}, path)
+    ckpt = {**read_checkpoint(path), "path": str(path)}
+    cfg = validate_config({"DDP_CONFIG": {"SHARDING": "fsdp2"}})
+    with pytest.raises(CheckpointError, match=rf"^CONFIG\.TRAIN\.RESUME: {path} is a DDP checkpoint \(one file\)"):
+        check_resume_kind(ckpt, cfg)
+    check_resume_kind(ckpt, validate_config({}))  # the default, DDP, takes it
+
+
+def test_an_fsdp2_folder_reads_whole_for_evaluation(fsdp_run: Path) -> None:
+    """test.py and predict read the newest folder as one dict: the model as the plain module names it."""
+    folder = fsdp_run / "checkpoints" / "epoch_0003.dcp"
+    ckpt = read_checkpoint(folder)
+    assert ckpt["epoch"] == 3 and ckpt["sharding"] == "fsdp2" and (folder / TRAINER_STATE_FILE).is_file()
+    model = build_model("i3d_tiny", 2)
+    model.load_state_dict(ckpt["model"])  # every tensor, by the plain module's names
+
+
+@pytest.mark.parametrize(("ddp", "message"), [
+    ({"FSDP_ACTIVATION_CHECKPOINTING": True}, r"DDP_CONFIG\.FSDP_ACTIVATION_CHECKPOINTING: only SHARDING: fsdp2"),
+    ({"FSDP_PARAM_DTYPE": "float32"}, r"DDP_CONFIG\.FSDP_PARAM_DTYPE: only SHARDING: fsdp2 uses it"),
+    ({"SHARDING": "fsdp2", "DISTRIBUTED": False}, r"DDP_CONFIG\.SHARDING: fsdp2 shards over a process group"),
+])
+def test_sharding_keys_are_refused_where_nothing_reads_them(ddp: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^config: {message}"):
+        validate_config({"DDP_CONFIG": ddp})
+
+
+def test_precise_bn_is_refused_with_fsdp2() -> None:
+    with pytest.raises(ConfigError, match=r"^config: CONFIG\.TRAIN\.PRECISE_BN: is not supported with DDP_CONFIG"):
+        validate_config({"DDP_CONFIG": {"SHARDING": "fsdp2"}, "CONFIG": {"TRAIN": {"PRECISE_BN": True}}})
+
+
+def test_the_blocks_of_a_video_transformer_are_its_encoder_layers() -> None:
+    model = build_hf_model("videomae_small", 4, **TINY_VIDEOMAE)
+    blocks = [modules[i] for modules, i in transformer_blocks(model)]
+    assert blocks == list(model.videomae.encoder.layer)
+    assert transformer_blocks(nn.Sequential(nn.Linear(2, 2))) == []
