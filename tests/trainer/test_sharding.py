@@ -16,15 +16,19 @@ import pytest
 import torch
 import yaml
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
+from tests.trainer.test_distributed import ddp_cfg
 from tests.trainer.test_resume import assert_same_run, config, digests
 from tests.trainer.test_train import run_trainer
-from trainer.checkpoint import TRAINER_STATE_FILE, read_checkpoint
-from trainer.config import ConfigError, validate_config
+from trainer.accel import wrap_ddp
+from trainer.checkpoint import TRAINER_STATE_FILE, load_sharded_checkpoint, read_checkpoint, save_sharded_checkpoint
+from trainer.config import Config, ConfigError, run_dir, validate_config
+from trainer.distributed import DistContext, launch
 from trainer.errors import CheckpointError
 from trainer.models import build_model
 from trainer.models.hf_video import build_hf_model
-from trainer.sharding import check_resume_kind, transformer_blocks
+from trainer.sharding import check_resume_kind, full_model_state, transformer_blocks
 
 TINY_VIDEOMAE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
                  "image_size": 32, "num_frames": 4, "patch_size": 16, "tubelet_size": 2}
@@ -143,3 +147,58 @@ def test_the_blocks_of_a_video_transformer_are_its_encoder_layers() -> None:
     blocks = [modules[i] for modules, i in transformer_blocks(model)]
     assert blocks == list(model.videomae.encoder.layer)
     assert transformer_blocks(nn.Sequential(nn.Linear(2, 2))) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A video transformer, sharded per block (spawned gloo workers: trainer.distributed.launch)
+
+
+def sharded_videomae(ctx: DistContext, cfg: Config, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = wrap_ddp(build_hf_model("videomae_small", 4, **TINY_VIDEOMAE), ctx, cfg)
+    assert all(isinstance(modules[i], FSDPModule) for modules, i in transformer_blocks(model))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def train_and_save(ctx: DistContext, cfg: Config) -> None:
+    """Two steps on this rank's clips in bf16 with activations recomputed, then the FSDP2 checkpoint and (rank 0)
+    the whole weights, gathered, beside it."""
+    model, optimizer = sharded_videomae(ctx, cfg, seed=0)
+    before = full_model_state(model)["classifier.weight"].clone()
+    generator = torch.Generator().manual_seed(ctx.rank)
+    for _ in range(2):
+        clips = torch.randn(2, 3, 4, 32, 32, generator=generator)
+        loss = nn.functional.cross_entropy(model(clips).float(), torch.tensor([0, 3]))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    out = run_dir(cfg)
+    save_sharded_checkpoint(ctx, model, optimizer, {"epoch": 1}, out / "checkpoints", 1, False, 3)
+    weights = full_model_state(model)
+    assert torch.isfinite(loss) and not torch.equal(weights["classifier.weight"], before)
+    if ctx.is_main:
+        torch.save(weights, out / "trained.pth")
+
+
+def load_and_record(ctx: DistContext, cfg: Config) -> None:
+    """Another initialisation, sharded over this job's ranks, loaded from the checkpoint; rank 0 saves the whole."""
+    model, optimizer = sharded_videomae(ctx, cfg, seed=1)
+    out = run_dir(cfg)
+    load_sharded_checkpoint(model, optimizer, out / "checkpoints" / "epoch_0001.dcp")
+    weights = full_model_state(model)
+    if ctx.is_main:
+        torch.save(weights, out / f"loaded_{ctx.world_size}.pth")
+
+
+def test_a_video_transformer_sharded_per_block_trains_in_bf16_and_reshards_onto_1_and_3_ranks(tmp_path: Path) -> None:
+    fsdp = {"SHARDING": "fsdp2", "FSDP_PARAM_DTYPE": "bfloat16", "FSDP_ACTIVATION_CHECKPOINTING": True}
+    launch(train_and_save, validate_config(ddp_cfg(tmp_path, CPU_WORKERS=2, **fsdp)))
+    trained = torch.load(tmp_path / "trained.pth", weights_only=True)
+    assert trained["classifier.weight"].dtype == torch.float32  # the sharded parameters stay float32
+    for workers in (1, 3):
+        launch(load_and_record, validate_config(ddp_cfg(tmp_path, CPU_WORKERS=workers, **fsdp)))
+        loaded = torch.load(tmp_path / f"loaded_{workers}.pth", weights_only=True)
+        assert loaded.keys() == trained.keys()
+        assert all(torch.equal(loaded[name], trained[name]) for name in trained), workers
+    whole = read_checkpoint(tmp_path / "checkpoints" / "epoch_0001.dcp")["model"]
+    assert all(torch.equal(whole[name], trained[name]) for name in trained)
