@@ -37,7 +37,8 @@ TRAINER_STATE_FILE, the rest of the dict above (``scheduler``, ``scaler``, ``epo
 ``sharding: fsdp2``. DCP reshards on loading, so such a checkpoint resumes on any number of processes (an epoch's
 end; mid-epoch ones need the same number, as ever). Every rank writes, synchronously, into a folder every rank sees:
 one node, or LOG.BASE_PATH on shared storage (trainer.sharding.require_one_checkpoint_dir). For evaluation and
-prediction :func:`read_checkpoint` reads such a folder whole, as the plain dict.
+prediction :func:`read_checkpoint` (and trainer.weights' ``read_weights``) read such a folder whole, as the plain
+dict.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ import logging
 import re
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -57,7 +57,6 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainer.config import Config
@@ -67,14 +66,13 @@ from trainer.distributed import DistContext, barrier, broadcast_object
 from trainer.runtime import atomic
 from trainer.runtime.contract import copy_rank
 from trainer.weights import LoadReport, WeightsFile, load_weights
-from trainer.weights.formats import read_torch_file
+from trainer.weights.formats import TRAINER_STATE_FILE, read_sharded_checkpoint, read_torch_file
 
 log = logging.getLogger("trainer")
 
 _CHECKPOINT_FILE = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.(?:pth|dcp)$")
 BEST_NAME = "best.pth"
 SHARDED_SUFFIX = ".dcp"  # an FSDP2 checkpoint folder
-TRAINER_STATE_FILE = "trainer_state.pth"  # in an FSDP2 checkpoint folder: all but the model and optimizer
 # A mid-epoch checkpoint goes once a newer one is surely on both nodes. A writer knows that of the previous one when it
 # writes the next (each waits for its own write before the next): were the job killed while the newest was written, one
 # node might hold it and the other not, and the one before is then the newest on both (not an epoch checkpoint).
@@ -294,11 +292,7 @@ def writes_checkpoints(ctx: DistContext, run_dir: Path) -> bool:
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint dict, read with ``weights_only=True`` (WeightsError naming the file if it is not one); an FSDP2
     checkpoint folder is read whole, its model and optimizer state keyed by parameter name."""
-    if not path.is_dir():
-        return read_torch_file(path)
-    with tempfile.TemporaryDirectory(prefix="vidcluster-dcp-") as tmp:
-        dcp_to_torch_save(path, Path(tmp) / "whole.pth")  # DCP's own reader: no process group needed
-        return {**read_trainer_state(path), **read_torch_file(Path(tmp) / "whole.pth")}
+    return read_sharded_checkpoint(path) if path.is_dir() else read_torch_file(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

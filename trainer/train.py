@@ -160,8 +160,8 @@ class Kept:
 
 
 def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
-    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), frozen parts, SyncBN; on ``ctx.device``, not yet
-    in DDP."""
+    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), frozen parts, SyncBN; on ``ctx.device`` (in CPU
+    memory under SHARDING fsdp2), not yet in DDP."""
     model = build_model_from_config(cfg)
     init = initial_weights(cfg)
     if init is not None:
@@ -169,6 +169,9 @@ def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
     log.info("%s", apply_training_controls(model, cfg))  # after loading: frozen layers keep the loaded values
     if cfg.CONFIG.TRAIN.SYNC_BN and ctx.distributed:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if uses_fsdp2(cfg) and ctx.distributed:
+        # fully_shard moves each unit's parameters to the device as it shards them: the whole model never sits there.
+        return prepare_model(model, cfg)
     return prepare_model(model.to(ctx.device), cfg)
 
 

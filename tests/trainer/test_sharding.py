@@ -22,13 +22,21 @@ from tests.trainer.test_distributed import ddp_cfg
 from tests.trainer.test_resume import assert_same_run, config, digests
 from tests.trainer.test_train import run_trainer
 from trainer.accel import wrap_ddp
-from trainer.checkpoint import TRAINER_STATE_FILE, load_sharded_checkpoint, read_checkpoint, save_sharded_checkpoint
+from trainer.checkpoint import (
+    TRAINER_STATE_FILE,
+    find_eval_checkpoint,
+    load_model_weights,
+    load_sharded_checkpoint,
+    read_checkpoint,
+    save_sharded_checkpoint,
+)
 from trainer.config import Config, ConfigError, run_dir, validate_config
 from trainer.distributed import DistContext, launch
 from trainer.errors import CheckpointError
 from trainer.models import build_model
 from trainer.models.hf_video import build_hf_model
 from trainer.sharding import check_resume_kind, full_model_state, transformer_blocks
+from trainer.weights.formats import read_weights
 
 TINY_VIDEOMAE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
                  "image_size": 32, "num_frames": 4, "patch_size": 16, "tubelet_size": 2}
@@ -119,12 +127,17 @@ def test_an_fsdp2_run_refuses_a_ddp_checkpoint_naming_it(tmp_path: Path) -> None
 
 
 def test_an_fsdp2_folder_reads_whole_for_evaluation(fsdp_run: Path) -> None:
-    """test.py and predict read the newest folder as one dict: the model as the plain module names it."""
-    folder = fsdp_run / "checkpoints" / "epoch_0003.dcp"
+    """test.py and predict read the best folder whole (as they read a file): the model as the plain module names
+    it, every tensor of it, and the clip settings it was trained with."""
+    folder = fsdp_run / "checkpoints" / "best.dcp"
+    assert find_eval_checkpoint(folder.parent) == folder
     ckpt = read_checkpoint(folder)
-    assert ckpt["epoch"] == 3 and ckpt["sharding"] == "fsdp2" and (folder / TRAINER_STATE_FILE).is_file()
+    assert ckpt["sharding"] == "fsdp2" and (folder / TRAINER_STATE_FILE).is_file()
+    trained = read_weights(folder)
+    assert trained.inference["model"] == "i3d_tiny"
     model = build_model("i3d_tiny", 2)
-    model.load_state_dict(ckpt["model"])  # every tensor, by the plain module's names
+    load_model_weights(model, trained, "i3d_tiny")  # refuses a missing or mismatched tensor
+    assert all(torch.equal(model.state_dict()[name], ckpt["model"][name]) for name in model.state_dict())
 
 
 @pytest.mark.parametrize(("ddp", "message"), [
