@@ -7,8 +7,9 @@ Each process trains the trainer's way (accel.wrap_ddp, which shards under fsdp2)
 clips. Peak memory: on a GPU the device's peak allocation (torch.cuda.max_memory_allocated); on a CPU, gloo, the
 process's peak resident size (VmHWM) less its size just before the model was built, so libraries and the
 interpreter do not count; either peak is reset once the model is built and wrapped, so it is training's (the
-momentum buffers included), not the full model each rank builds before sharding it. On a CPU the resident size
-also holds what the C allocator keeps after a free, so the figures are rougher than a GPU's.
+momentum buffers included), not the full model each rank builds before sharding it. On a CPU the workers run with
+MALLOC_MMAP_THRESHOLD_ at 64 KiB: glibc then gives every larger block back to the system when it is freed, so the
+resident size follows the live tensors (with its default it keeps freed memory, and the peak says little).
 
 The clip is small by default (8 frames of 112 px: 196 tokens) so that a CPU run takes minutes; at the published
 16 x 224 (1,568 tokens) activations weigh more, and bf16 and checkpointing save more. With tiny clips (--frames 4
@@ -104,6 +105,7 @@ def measure(ddp: dict[str, Any], shape: tuple[int, int, int], steps: int) -> dic
     """Mean step time and the largest peak memory (MiB) over the 2 processes of a job with DDP_CONFIG ``ddp``."""
     with tempfile.TemporaryDirectory() as out:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))  # read by the spawned interpreters' glibc
         mp.spawn(_worker, args=(2, _free_port(), ddp, shape, steps, out), nprocs=2, join=True)
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
     return {"step_s": sum(r["step_s"] for r in ranks) / 2, "peak_mib": max(r["peak"] for r in ranks) / 2**20}

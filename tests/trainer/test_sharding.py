@@ -19,12 +19,14 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from tests.trainer.test_distributed import ddp_cfg
-from tests.trainer.test_resume import assert_same_run, config, digests
+from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, digests
 from tests.trainer.test_train import run_trainer
 from trainer.accel import wrap_ddp
 from trainer.checkpoint import (
     TRAINER_STATE_FILE,
     find_eval_checkpoint,
+    is_mid_epoch,
+    list_checkpoints,
     load_model_weights,
     load_sharded_checkpoint,
     read_checkpoint,
@@ -42,13 +44,13 @@ TINY_VIDEOMAE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads
                  "image_size": 32, "num_frames": 4, "patch_size": 16, "tubelet_size": 2}
 
 
-def sharded_config(data: dict[str, Any], tmp: Path, name: str, workers: int = 2, **ddp: Any) -> Path:
-    """test_resume's experiment (3 epochs, a checkpoint after each) under SHARDING fsdp2 on ``workers`` ranks, in
-    float32 (I3D's BatchNorm layers cannot compute in bf16 under FSDP2)."""
-    path = config(data, tmp, name)
+def sharded_config(data: dict[str, Any], tmp: Path, name: str, workers: int = 2, minutes: float = 0.0) -> Path:
+    """test_resume's experiment (3 epochs, a checkpoint after each; mid-epoch ones every ``minutes``) under SHARDING
+    fsdp2 on ``workers`` ranks, in float32 (I3D's BatchNorm layers cannot compute in bf16 under FSDP2)."""
+    path = config(data, tmp, name, minutes)
     cfg = yaml.safe_load(path.read_text())
     cfg["DDP_CONFIG"].update({"SHARDING": "fsdp2", "FSDP_PARAM_DTYPE": "float32", "DISTRIBUTED": True,
-                              "CPU_WORKERS": workers, **ddp})
+                              "CPU_WORKERS": workers})
     cfg["CONFIG"]["TRAIN"]["BATCH_SIZE"] = max(4 // workers, 1)
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -68,6 +70,20 @@ def fsdp_run(synthetic_dataset: dict[str, Any], tmp_path_factory: pytest.TempPat
     assert {p.name for p in ckpts.iterdir()} == {"best.dcp", "epoch_0001.dcp", "epoch_0002.dcp", "epoch_0003.dcp"}
     assert len(set(digests(tmp / "run"))) == 1
     return tmp / "run"
+
+
+def test_fsdp2_resumes_mid_epoch_exactly(synthetic_dataset: dict[str, Any], fsdp_run: Path, tmp_path: Path) -> None:
+    """A checkpoint after every step, then the run started again from a mid-epoch folder in its last epoch (the ones
+    after it removed): it ends with the uninterrupted run's weights and records."""
+    cfg = sharded_config(synthetic_dataset, tmp_path, "run", minutes=EVERY_STEP)
+    train(cfg)
+    ckpts = tmp_path / "run" / "checkpoints"
+    mid = [p for p in list_checkpoints(ckpts, mid_epoch=True) if is_mid_epoch(p.name)]
+    assert [p.name.startswith("epoch_0002_step_") and p.suffix == ".dcp" for p in mid] == [True, True]
+    shutil.rmtree(ckpts / "epoch_0003.dcp")
+    out = train(cfg)
+    assert f"resumed from {mid[-1]} at epoch 2" in out.stdout + out.stderr and "(mid-epoch: " in out.stdout + out.stderr
+    assert_same_run(tmp_path / "run", fsdp_run)
 
 
 def resumed_copy(reference: Path, tmp: Path, keep_epoch: int) -> Path:
@@ -183,6 +199,7 @@ def train_and_save(ctx: DistContext, cfg: Config) -> None:
         clips = torch.randn(2, 3, 4, 32, 32, generator=generator)
         loss = nn.functional.cross_entropy(model(clips).float(), torch.tensor([0, 3]))
         loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as TRAIN.CLIP_GRAD_NORM does, over sharded gradients
         optimizer.step()
         optimizer.zero_grad()
     out = run_dir(cfg)
