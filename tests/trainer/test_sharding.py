@@ -37,6 +37,7 @@ from trainer.distributed import DistContext, launch
 from trainer.errors import CheckpointError
 from trainer.models import build_model
 from trainer.models.hf_video import build_hf_model
+from trainer.runtime import atomic
 from trainer.sharding import check_resume_kind, full_model_state, transformer_blocks
 from trainer.weights.formats import read_weights
 
@@ -154,6 +155,20 @@ def test_an_fsdp2_folder_reads_whole_for_evaluation(fsdp_run: Path) -> None:
     model = build_model("i3d_tiny", 2)
     load_model_weights(model, trained, "i3d_tiny")  # refuses a missing or mismatched tensor
     assert all(torch.equal(model.state_dict()[name], ckpt["model"][name]) for name in model.state_dict())
+
+
+def test_a_checkpoint_folder_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
+    dest = tmp_path / "epoch_0001.dcp"
+    dest.mkdir()
+    (dest / "old").write_text("old")
+    with pytest.raises(RuntimeError), atomic.replacing_folder(dest) as tmp:
+        (tmp / "new").write_text("new")
+        raise RuntimeError("a rank failed")
+    assert [p.name for p in tmp_path.iterdir()] == [dest.name] and [p.name for p in dest.iterdir()] == ["old"]
+    with atomic.replacing_folder(dest, durable=True) as tmp:
+        (tmp / "new").write_text("new")
+        assert tmp.stat().st_mode & 0o777 == 0o700 and not (dest / "new").exists()
+    assert [p.name for p in tmp_path.iterdir()] == [dest.name] and [p.name for p in dest.iterdir()] == ["new"]
 
 
 @pytest.mark.parametrize(("ddp", "message"), [
