@@ -1,10 +1,11 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
-    .venv/bin/python -m bench [--quick] [--only loader ddp multigrid decoders gpu launch checkpoint restarts watch]
+    .venv/bin/python -m bench [--quick] [--only loader ddp fsdp multigrid decoders gpu launch checkpoint restarts watch]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
-bench/ddp.py (1 vs 2 gloo processes), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
+bench/ddp.py (1 vs 2 gloo processes), bench/fsdp.py (ViT-S VideoMAE steps at 2 ranks, FSDP2 vs DDP: time and peak
+memory per rank), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
 vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
 (launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
@@ -24,7 +25,19 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import checkpoint, ddp, decoders, gpu_step, launch_overhead, loader, local, multigrid, restarts, watch_scale
+from bench import (
+    checkpoint,
+    ddp,
+    decoders,
+    fsdp,
+    gpu_step,
+    launch_overhead,
+    loader,
+    local,
+    multigrid,
+    restarts,
+    watch_scale,
+)
 
 Row = tuple[str, str, str, float | None, str, bool | None]  # what, value, baseline, ratio, goal, met
 
@@ -61,6 +74,22 @@ def ddp_rows(quick: bool) -> list[Row]:
         ("  2-process DDP vs 2 independent processes side by side (DDP's own cost)", f"{r['two']:.2f}",
          f"{r['two_alone']:.2f}", r["two"] / r["two_alone"], "reference", None),
     ]
+
+
+def fsdp_rows(quick: bool) -> list[Row]:
+    r = fsdp.run(quick)
+    base = r["ddp"]
+    rows: list[Row] = []
+    for name in ("fsdp2", "fsdp2_checkpointing"):
+        m = r[name]
+        ratio = m["peak_mib"] / base["peak_mib"]
+        rows += [
+            (f"peak memory per rank, {name} vs DDP, 2 ranks ({r['model']}), MiB", f"{m['peak_mib']:.0f}",
+             f"{base['peak_mib']:.0f}", ratio, "<= 0.6x", ratio <= 0.6),
+            ("  step time, s", f"{m['step_s']:.2f}", f"{base['step_s']:.2f}", m["step_s"] / base["step_s"], "info",
+             None),
+        ]
+    return rows
 
 
 def multigrid_rows(quick: bool) -> list[Row]:
@@ -183,8 +212,9 @@ def watch_rows(quick: bool) -> list[Row]:
 
 
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
-    "loader": loader_rows, "ddp": ddp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows, "gpu": gpu_rows,
-    "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows, "watch": watch_rows,
+    "loader": loader_rows, "ddp": ddp_rows, "fsdp": fsdp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows,
+    "gpu": gpu_rows, "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows,
+    "watch": watch_rows,
 }
 # whole jobs under several launchers (15 to 30 minutes), the watch at fleet size (about 10 minutes): --quick leaves
 # them out unless named

@@ -11,6 +11,8 @@ The CONFIG.TRAIN keys, and what they do where:
 | CUDNN_BENCHMARK | cudnn.benchmark: per-shape algorithm search | no cuDNN: nothing to tune |
 | DDP_BUCKET_CAP_MB | gradient bucket size of the all-reduce | the same (gloo) |
 
+Under DDP_CONFIG.SHARDING fsdp2 the model is sharded (trainer.sharding) instead of wrapped in DDP; the rest holds.
+
 DDP always uses ``gradient_as_bucket_view`` (gradients live in the all-reduce buckets: no copy, less memory) and
 ``static_graph`` (DDP records the first iteration's graph and skips the per-iteration search for unused parameters)
 unless some parameters may go unused in a forward (FIND_UNUSED_PARAMETERS, or a model that says so), gradients
@@ -36,6 +38,7 @@ from trainer.data.dataset import ClipSpec
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext
 from trainer.hardware import BF16_CAPABILITY
+from trainer.sharding import shard_model, uses_fsdp2
 
 
 def autocast_dtype(amp: str, capability: tuple[int, int] | None) -> torch.dtype | None:
@@ -93,10 +96,12 @@ def prepare_model(model: nn.Module, cfg: Config) -> nn.Module:
 
 
 def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
-    """DistributedDataParallel as described above (the model itself when not distributed), then torch.compile
-    when COMPILE is on."""
+    """DistributedDataParallel as described above (the model itself when not distributed; sharded in place under
+    SHARDING fsdp2), then torch.compile when COMPILE is on."""
     train = cfg.CONFIG.TRAIN
-    if ctx.distributed:
+    if ctx.distributed and uses_fsdp2(cfg):
+        model = shard_model(model, ctx, cfg)
+    elif ctx.distributed:
         find_unused = train.FIND_UNUSED_PARAMETERS or getattr(model, "needs_unused_parameters", False)
         model = DistributedDataParallel(
             model,

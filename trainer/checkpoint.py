@@ -8,6 +8,9 @@ Files, in the run's checkpoint dir, named so that they sort by global optimizer 
 * ``epoch_0003_step_00001234.pth``: mid-epoch, in epoch 4 after global optimizer step 1234 (TRAIN.CHECKPOINT_MINUTES,
   or a stop on a signal); the two newest are kept (MID_EPOCH_KEPT).
 
+Under DDP_CONFIG.SHARDING fsdp2 the same names end in ``.dcp`` (and ``best.dcp``): folders, see "FSDP2 checkpoints"
+below.
+
 A checkpoint is a plain dict of tensors, numbers and strings, so it loads with ``torch.load(weights_only=True)``:
 
 * ``model``, ``optimizer``, ``scheduler``, ``scaler``: state dicts (the unwrapped model's);
@@ -26,6 +29,16 @@ Two copies: on a multi-node job, global rank 0 and the first process of node 1 e
 directory (LOG.BASE_PATH as that node's config says), so the newest checkpoint survives the loss of either node.
 Where the two see the same directory (shared storage, found as roles/shared_fs finds shared homes: rank 0 leaves a
 marker with a random token, the other looks for it), only rank 0 writes.
+
+FSDP2 checkpoints (DDP_CONFIG.SHARDING fsdp2, trainer.sharding): a folder written by torch.distributed.checkpoint
+(DCP), every rank writing its shards of ``model`` and ``optimizer`` (their state dicts keyed by parameter name, as
+``get_state_dict`` gives them) into one folder, which rank 0 renames into place once all are written; rank 0 adds
+TRAINER_STATE_FILE, the rest of the dict above (``scheduler``, ``scaler``, ``epoch`` ... ``progress``) plus
+``sharding: fsdp2``. DCP reshards on loading, so such a checkpoint resumes on any number of processes (an epoch's
+end; mid-epoch ones need the same number, as ever). Every rank writes, synchronously, into a folder every rank sees:
+one node, or LOG.BASE_PATH on shared storage (trainer.sharding.require_one_checkpoint_dir). For evaluation and
+prediction :func:`read_checkpoint` (and trainer.weights' ``read_weights``) read such a folder whole, as the plain
+dict.
 """
 
 from __future__ import annotations
@@ -42,30 +55,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainer.config import Config
 from trainer.data.annotations import read_class_index
 from trainer.data.dataset import ClipSpec
-from trainer.distributed import DistContext, broadcast_object
+from trainer.distributed import DistContext, barrier, broadcast_object
 from trainer.runtime import atomic
 from trainer.runtime.contract import copy_rank
 from trainer.weights import LoadReport, WeightsFile, load_weights
-from trainer.weights.formats import read_torch_file
+from trainer.weights.formats import TRAINER_STATE_FILE, read_sharded_checkpoint, read_torch_file
 
 log = logging.getLogger("trainer")
 
-_CHECKPOINT_FILE = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.pth$")
+_CHECKPOINT_FILE = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.(?:pth|dcp)$")
 BEST_NAME = "best.pth"
+SHARDED_SUFFIX = ".dcp"  # an FSDP2 checkpoint folder
 # A mid-epoch checkpoint goes once a newer one is surely on both nodes. A writer knows that of the previous one when it
 # writes the next (each waits for its own write before the next): were the job killed while the newest was written, one
 # node might hold it and the other not, and the one before is then the newest on both (not an epoch checkpoint).
 MID_EPOCH_KEPT = 2
 
 
-def checkpoint_name(epoch: int, step: int | None = None) -> str:
-    """The file of the checkpoint after ``epoch`` epochs, or mid-epoch after global optimizer ``step``."""
-    return f"epoch_{epoch:04d}.pth" if step is None else f"epoch_{epoch:04d}_step_{step:08d}.pth"
+def checkpoint_name(epoch: int, step: int | None = None, suffix: str = ".pth") -> str:
+    """The file of the checkpoint after ``epoch`` epochs, or mid-epoch after global optimizer ``step`` (``suffix``
+    SHARDED_SUFFIX: the folder of an FSDP2 one)."""
+    return f"epoch_{epoch:04d}{suffix}" if step is None else f"epoch_{epoch:04d}_step_{step:08d}{suffix}"
 
 
 def checkpoint_order(name: str) -> tuple[int, int] | None:
@@ -172,11 +189,19 @@ def save_checkpoint(
     _atomic_write(lambda tmp: torch.save(state, tmp), path)
     if is_best:
         _atomic_write(lambda tmp: shutil.copyfile(path, tmp), ckpt_dir / BEST_NAME)
+    prune(ckpt_dir, keep_last)
+    return path
+
+
+def prune(ckpt_dir: Path, keep_last: int) -> None:
+    """Remove all but the newest ``keep_last`` epoch checkpoints and the newest MID_EPOCH_KEPT mid-epoch ones."""
     stale = list_checkpoints(ckpt_dir)[:-keep_last] if keep_last > 0 else []
     stale += [old for old in list_checkpoints(ckpt_dir, mid_epoch=True) if is_mid_epoch(old.name)][:-MID_EPOCH_KEPT]
     for old in stale:
-        old.unlink(missing_ok=True)
-    return path
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def list_checkpoints(ckpt_dir: Path, mid_epoch: bool = False) -> list[Path]:
@@ -265,8 +290,60 @@ def writes_checkpoints(ctx: DistContext, run_dir: Path) -> bool:
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint dict, read with ``weights_only=True`` (WeightsError naming the file if it is not one)."""
-    return read_torch_file(path)
+    """A checkpoint dict, read with ``weights_only=True`` (WeightsError naming the file if it is not one); an FSDP2
+    checkpoint folder is read whole, its model and optimizer state keyed by parameter name."""
+    return read_sharded_checkpoint(path) if path.is_dir() else read_torch_file(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# FSDP2 checkpoints
+
+
+def save_sharded_checkpoint(
+    ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any], ckpt_dir: Path,
+    epoch: int, is_best: bool, keep_last: int, step: int | None = None,
+) -> Path:
+    """Every rank: write the checkpoint dict ``ckpt`` (build_checkpoint's; its model and optimizer are taken from
+    ``model`` and ``optimizer`` by parameter name) as the FSDP2 checkpoint folder after ``epoch`` epochs (mid-epoch
+    after ``step``), best.dcp too when ``is_best``, then prune as save_checkpoint does. Returns once the folder is in
+    place, on every rank."""
+    path = ckpt_dir / checkpoint_name(epoch, step, SHARDED_SUFFIX)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    trainer_state = {key: value for key, value in ckpt.items() if key not in ("model", "optimizer")}
+    if ctx.is_main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        with atomic.replacing_folder(path, durable=True) as tmp:
+            _save_shards(tmp, model_state, optimizer_state)
+            _atomic_write(lambda file: torch.save({**trainer_state, "sharding": "fsdp2"}, file),
+                          tmp / TRAINER_STATE_FILE)
+        if is_best:
+            with atomic.replacing_folder(ckpt_dir / f"best{SHARDED_SUFFIX}", durable=True) as tmp:
+                shutil.copytree(path, tmp, dirs_exist_ok=True)
+        prune(ckpt_dir, keep_last)
+    else:
+        _save_shards(None, model_state, optimizer_state)
+    barrier(ctx)
+    return path
+
+
+def _save_shards(folder: Path | None, model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
+    """Every rank writes its shards into rank 0's ``folder`` (None on the others); DCP syncs each file."""
+    name = broadcast_object(str(folder) if folder is not None else None)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=name)
+
+
+def load_sharded_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Every rank: ``model`` and ``optimizer`` (sharded as this run shards them) as the FSDP2 checkpoint ``folder``
+    holds them, whatever number of processes wrote it."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def read_trainer_state(folder: Path) -> dict[str, Any]:
+    """An FSDP2 checkpoint folder's trainer state: all of its dict but the model and the optimizer."""
+    return read_torch_file(folder / TRAINER_STATE_FILE)
 
 
 def load_model_weights(model: nn.Module, weights: Path | WeightsFile, model_name: str = "") -> LoadReport:
@@ -276,10 +353,10 @@ def load_model_weights(model: nn.Module, weights: Path | WeightsFile, model_name
 
 
 def find_eval_checkpoint(ckpt_dir: Path) -> Path:
-    """best.pth if validation ran, else the newest epoch checkpoint."""
-    best = ckpt_dir / BEST_NAME
-    if best.is_file():
-        return best
+    """best.pth (best.dcp) if validation ran, else the newest epoch checkpoint."""
+    for best in (ckpt_dir / BEST_NAME, ckpt_dir / f"best{SHARDED_SUFFIX}"):
+        if best.exists():
+            return best
     found = list_checkpoints(ckpt_dir)
     if not found:
         raise FileNotFoundError(f"no checkpoint in {ckpt_dir}: train first or pass --checkpoint")

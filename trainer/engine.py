@@ -32,6 +32,7 @@ from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, 
 from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
 from trainer.runtime.watch.messages import COMPUTE, DATA
+from trainer.sharding import is_sharded
 from trainer.solver import schedule_lr
 
 log = logging.getLogger("trainer")
@@ -224,16 +225,25 @@ def _eval_logits(
     fallback: list[tuple[str, str]],
 ) -> Iterator[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]:
     """(batch, labels, float logits) of every batch with at least one good video; bad videos go into ``bad``, the
-    ones DECODER auto read with torchcodec into ``fallback``."""
+    ones DECODER auto read with torchcodec into ``fallback``.
+
+    A sharded model's forward gathers its parameters from every rank, so each rank runs as many forwards as the rank
+    with the most batches (the eval shards may differ in length): a placeholder clip for a batch with no good video,
+    and for each batch it has fewer."""
     normalizer = clip_normalizer(cfg, ctx)
+    sharded = is_sharded(model)
+    missing = max(all_gather_object(len(loader))) - len(loader) if sharded else 0
     for batch in progress(ctx, loader, len(loader), desc):
         bad.extend(batch["bad"])
         fallback.extend(batch["fallback"])
         if len(batch["label"]) == 0:
+            missing += sharded
             continue
         with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
             logits = model(normalizer(batch["video"], batch.get("crops"))).float()
         yield batch, batch["label"].to(ctx.device, non_blocking=True), logits
+    for _ in range(missing):
+        model(_placeholder_input(cfg, normalizer))
 
 
 @torch.no_grad()

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.checkpoint import checkpoint_order, list_checkpoints, read_checkpoint
+from trainer.checkpoint import checkpoint_order, list_checkpoints, read_checkpoint, read_trainer_state
 from trainer.distributed import DistContext, all_gather_object, broadcast_object
 from trainer.engine import EpochTally
 from trainer.errors import CheckpointError, UserError, first_line
@@ -173,9 +173,10 @@ def _choose_path(listings: list[bool | None], path: str) -> tuple[str, int]:
 
 
 def _read(path: Path) -> dict[str, Any] | str:
-    """The checkpoint (with its "path"), or the one line that says why it cannot be read."""
+    """The checkpoint (with its "path"), or the one line that says why it cannot be read; of an FSDP2 checkpoint
+    folder, its trainer state only (each rank loads its shards when its model is sharded: trainer.train)."""
     try:
-        ckpt = read_checkpoint(path)
+        ckpt = read_trainer_state(path) if path.is_dir() else read_checkpoint(path)
     except UserError as exc:  # it names the file already
         return str(exc)
     except (OSError, RuntimeError, ValueError) as exc:
@@ -203,7 +204,7 @@ def load_resume_state(
         choice = choose_checkpoint(listings)
         held = {rank for rank, node in enumerate(listings) if node is not None and choice and choice[0] in node.names}
     else:
-        listing = Path(resume).expanduser().is_file() if first else None
+        listing = Path(resume).expanduser().exists() if first else None
         listings = all_gather_object(listing)
         choice = _choose_path(listings, resume)
         held = {rank for rank, has in enumerate(listings) if has}

@@ -82,6 +82,7 @@ from trainer.resume import EpochProgress, load_resume_state
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
 from trainer.runtime.host.channel import Join
 from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
+from trainer.sharding import check_resume_kind, full_model_state, is_sharded, require_one_checkpoint_dir, uses_fsdp2
 from trainer.solver import build_optimizer, build_scheduler, effective_lr, schedule_lr
 from trainer.timeline import PROCESS
 from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, load_initial, resolve_normalisation
@@ -101,8 +102,9 @@ def epoch_seed(cfg: Config, epoch: int, rank: int) -> int:
 
 
 def weights_digest(model: nn.Module) -> str:
+    """Of the whole model (every rank calls it: a sharded model's state is gathered)."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(full_model_state(model).items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -158,8 +160,8 @@ class Kept:
 
 
 def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
-    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), frozen parts, SyncBN; on ``ctx.device``, not yet
-    in DDP."""
+    """Model by name, initial weights (MODEL.PRETRAINED or LOAD), frozen parts, SyncBN; on ``ctx.device`` (in CPU
+    memory under SHARDING fsdp2), not yet in DDP."""
     model = build_model_from_config(cfg)
     init = initial_weights(cfg)
     if init is not None:
@@ -167,6 +169,9 @@ def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
     log.info("%s", apply_training_controls(model, cfg))  # after loading: frozen layers keep the loaded values
     if cfg.CONFIG.TRAIN.SYNC_BN and ctx.distributed:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if uses_fsdp2(cfg) and ctx.distributed:
+        # fully_shard moves each unit's parameters to the device as it shards them: the whole model never sits there.
+        return prepare_model(model, cfg)
     return prepare_model(model.to(ctx.device), cfg)
 
 
@@ -267,13 +272,19 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
                           f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
     epoch_steps = [-(-batches // train.ACCUM_STEPS) for batches in epoch_batches(train_loader, train.EPOCH_NUM)]
     writer = CheckpointWriter(ckpt_dir, train.KEEP_LAST) if checkpoint.writes_checkpoints(ctx, out) else None
+    sharded = uses_fsdp2(cfg) and ctx.distributed
+    if sharded:
+        require_one_checkpoint_dir(ctx, writer is not None, out)
 
     reading = f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"
     with reading_checkpoint(reading):
         resume = load_resume_state(ctx, train.RESUME, ckpt_dir, out / METRICS_FILE, writer is not None)
-    # A kept model has trained on: without a checkpoint the run starts again from the initial weights.
-    model = kept.model if kept is not None and resume is not None else build_train_model(cfg, ctx)
+    # A kept model has trained on: without a checkpoint the run starts again from the initial weights. A sharded one
+    # belongs to the attempt's group: it is built again.
+    model = kept.model if kept is not None and resume is not None and not sharded else build_train_model(cfg, ctx)
     if resume is not None:
+        check_resume_kind(resume, cfg)
+    if resume is not None and not sharded:
         with reading_checkpoint(reading):
             model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
     PROCESS.mark("checkpoint")
@@ -285,7 +296,11 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
     state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps), grad_scaler(ctx.device, train.AMP))
     start_epoch, best_top1, progress = 0, -1.0, None
     if resume is not None:
-        state.optimizer.load_state_dict(resume["optimizer"])
+        with reading_checkpoint(reading):
+            if sharded:  # each rank its own shards, as this run shards the model
+                checkpoint.load_sharded_checkpoint(raw_model, state.optimizer, Path(resume["path"]))
+            else:
+                state.optimizer.load_state_dict(resume["optimizer"])
         state.scheduler.load_state_dict(resume["scheduler"])
         state.scaler.load_state_dict(resume["scaler"])
         start_epoch, best_top1, state.step = resume["epoch"], resume["best_top1"], resume["step"]
@@ -373,10 +388,7 @@ def run_epoch(run: Run, epoch: int) -> None:
     run.reporter.epoch_end(done, metrics)
     if save or is_best:
         with state.clock.stalled():
-            if run.writer is not None:
-                run.writer.submit(checkpoint.build_checkpoint(
-                    run.raw_model, state, epoch=done, best_top1=run.best_top1, config_yaml=run.config_yaml,
-                    metrics=metrics, inference=run.inference, bad_videos=run.bad_videos.record()), done, is_best)
+            submit_checkpoint(run, done, metrics, is_best=is_best)
             run.control.checkpointed()
 
 
@@ -429,11 +441,26 @@ def save_mid_epoch(run: Run, epoch: int, epoch_lr: float, tally: EpochTally) -> 
         broadcast_buffers(run.raw_model)
         progress = EpochProgress.capture(run.ctx, epoch, epoch_lr, tally)
         run.control.checkpointed()
-        if run.writer is not None:
-            run.writer.submit(checkpoint.build_checkpoint(
-                run.raw_model, run.state, epoch=epoch, best_top1=run.best_top1, config_yaml=run.config_yaml,
-                metrics={}, inference=run.inference, bad_videos=run.bad_videos.record(), progress=progress.record()),
-                epoch, step=run.state.step)
+        submit_checkpoint(run, epoch, {}, step=run.state.step, progress=progress.record())
+
+
+def submit_checkpoint(run: Run, epoch: int, metrics: dict[str, Any], is_best: bool = False, step: int | None = None,
+                      progress: dict[str, Any] | None = None) -> None:
+    """Every rank: the checkpoint after ``epoch`` epochs (mid-epoch: after ``step``, with ``progress``), handed to
+    this process's writer in the background; a sharded model's written by every rank before this returns."""
+    if run.writer is None and not is_sharded(run.raw_model):
+        return
+    ckpt = checkpoint.build_checkpoint(
+        run.raw_model, run.state, epoch=epoch, best_top1=run.best_top1, config_yaml=run.config_yaml, metrics=metrics,
+        inference=run.inference, bad_videos=run.bad_videos.record(), progress=progress)
+    if is_sharded(run.raw_model):
+        checkpoint.save_sharded_checkpoint(run.ctx, run.raw_model, run.state.optimizer, ckpt,
+                                           run.out / run.cfg.CONFIG.LOG.SAVE_DIR, epoch, is_best,
+                                           run.cfg.CONFIG.TRAIN.KEEP_LAST, step)
+        log.info("saved %s%s", checkpoint.checkpoint_name(epoch, step, checkpoint.SHARDED_SUFFIX),
+                 " (best)" if is_best else "")
+    elif run.writer is not None:
+        run.writer.submit(ckpt, epoch, is_best, step)
 
 
 def stop_here(run: Run, epoch: int) -> NoReturn:

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, model_validator
 
-from trainer.config.section import URLS_ALIAS, URLS_KEY, _key_error, _Section
+from trainer.config.section import URLS_ALIAS, URLS_KEY, _changed, _key_error, _Section
 
 
 class DDPConfig(_Section):
@@ -46,6 +46,19 @@ class DDPConfig(_Section):
     TIMEOUT_SECONDS: int = Field(
         300, ge=1, description="Rendezvous and collective timeout; a missing peer fails the run."
     )
+    SHARDING: Literal["ddp", "fsdp2"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model (DistributedDataParallel); fsdp2: parameters, gradients "
+        "and optimizer state sharded over the ranks (FSDP2, per transformer block; trainer/sharding.py).",
+    )
+    FSDP_PARAM_DTYPE: Literal["bfloat16", "float32"] = Field(
+        "bfloat16",
+        description="fsdp2: dtype of the gathered parameters the forward and backward compute in; gradients are "
+        "reduced, and the sharded parameters kept, in float32.",
+    )
+    FSDP_ACTIVATION_CHECKPOINTING: bool = Field(
+        False, description="fsdp2: recompute each transformer block's activations in the backward (less memory)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -55,7 +68,18 @@ class DDPConfig(_Section):
         return data
 
     def _problem(self) -> tuple[str, str] | None:
-        return _url_problem(self.DIST_URL) or (_topology_problem(self) if self.DISTRIBUTED else None)
+        return (_url_problem(self.DIST_URL) or (_topology_problem(self) if self.DISTRIBUTED else None)
+                or _sharding_problem(self))
+
+
+def _sharding_problem(ddp: DDPConfig) -> tuple[str, str] | None:
+    if ddp.SHARDING == "ddp":
+        for key in ("FSDP_PARAM_DTYPE", "FSDP_ACTIVATION_CHECKPOINTING"):
+            if _changed(ddp, key):
+                return key, "only SHARDING: fsdp2 uses it; remove it or set SHARDING: fsdp2"
+    elif not ddp.DISTRIBUTED:
+        return "SHARDING", "fsdp2 shards over a process group and DISTRIBUTED is False; set DISTRIBUTED: True"
+    return None
 
 
 def dist_url_host_port(url: str) -> tuple[str, int]:

@@ -98,4 +98,8 @@ class Config(_Section):
                 f"is {limit:g} s, not below DDP_CONFIG.TIMEOUT_SECONDS ({timeout} s): a rank decoding a hung video "
                 "that long would make its peers' collectives time out; lower it or raise TIMEOUT_SECONDS"
             )
+        if self.DDP_CONFIG.SHARDING == "fsdp2" and self.CONFIG.TRAIN.PRECISE_BN:
+            # Each rank's precise-BN pass runs as many forwards as its own batches, and a sharded forward is a
+            # collective: the ranks would wait for each other.
+            return "CONFIG.TRAIN.PRECISE_BN", "is not supported with DDP_CONFIG.SHARDING fsdp2; turn one off"
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,28 @@ def replacing(path: str | Path, mode: int = PRIVATE, durable: bool = False) -> I
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if durable:
+        _fsync(path.parent)
+
+
+@contextlib.contextmanager
+def replacing_folder(path: str | Path, durable: bool = False) -> Iterator[Path]:
+    """A new empty folder (mode 0700) to fill that replaces ``path`` when the block ends; removed if the block raises.
+    A folder already at ``path`` is moved aside, then removed, after the new one is complete (a rename cannot replace
+    a folder that has files). ``durable``: the rename is on disk once the block ends (the files are the writer's to
+    sync)."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    old = tmp.with_name(f"{tmp.name}.old")
+    try:
+        yield tmp
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
     if durable:
         _fsync(path.parent)
 

@@ -7,6 +7,7 @@ unpickler that builds numpy arrays and nothing else.
 from __future__ import annotations
 
 import pickle
+import tempfile
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from trainer.errors import CheckpointError, first_line
 
@@ -94,6 +96,26 @@ def read_torch_file(path: Path) -> Any:
         raise WeightsError(f"{path}: not a torch file ({type(exc).__name__}: {first_line(exc)})") from None
 
 
+# In an FSDP2 checkpoint folder (trainer.checkpoint): all of the checkpoint's dict but the model and the optimizer.
+TRAINER_STATE_FILE = "trainer_state.pth"
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / TRAINER_STATE_FILE).is_file()
+
+
+def read_sharded_checkpoint(folder: Path) -> dict[str, Any]:
+    """An FSDP2 checkpoint folder read whole, as the one-file checkpoint's dict (the model and optimizer keyed by
+    parameter name), without a process group."""
+    with tempfile.TemporaryDirectory(prefix="vidcluster-dcp-") as tmp:
+        try:
+            dcp_to_torch_save(folder, Path(tmp) / "whole.pth")  # DCP's own reader, every rank's shards
+        except (RuntimeError, OSError, ValueError) as exc:
+            reason = f"{type(exc).__name__}: {first_line(exc)}"
+            raise WeightsError(f"{folder}: not a readable DCP folder ({reason})") from None
+        return {**read_torch_file(folder / TRAINER_STATE_FILE), **read_torch_file(Path(tmp) / "whole.pth")}
+
+
 # State-dict names that identify a source. PySlowFast's pytorchvideo models carry a 'model.' prefix. pytorchvideo's
 # ResNets and SlowFast start with their stem, blocks.0 (a conv, or one per pathway); a bare "blocks.0." would also
 # claim torchvision's MViT, whose transformer blocks are named so too.
@@ -139,6 +161,8 @@ def detect_format(names: set[str], inference: Mapping[str, Any]) -> str:
 def read_weights(path: str | Path) -> WeightsFile:
     """Read ``path`` and detect its format; WeightsError if it is not a weights file we know."""
     path = Path(path).expanduser()
+    if is_sharded_checkpoint(path):
+        return _weights_file(path, read_sharded_checkpoint(path))
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
     # torch >= 1.6 writes zip archives; a plain pickle is Caffe2's (.pkl) or an old torch file
@@ -151,6 +175,10 @@ def read_weights(path: str | Path) -> WeightsFile:
             return WeightsFile(path, "caffe2", _read_caffe2(path))
     else:
         obj = read_torch_file(path)
+    return _weights_file(path, obj)
+
+
+def _weights_file(path: Path, obj: Any) -> WeightsFile:
     state, inference = _unwrap(obj, path)
     tensors = {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
     if not tensors:
