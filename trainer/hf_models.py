@@ -35,6 +35,10 @@ class HfFamily:
     probe_encoder: str = ""
     # config keys that change the computation without changing a tensor's shape: a checkpoint must agree on them
     arch_keys: tuple[str, ...] = ("hidden_act", "layer_norm_eps")
+    # the library's self-supervised pretraining class, and the arch_keys of the head a fine-tune of its checkpoint
+    # sets anew (VideoMAE's fine-tuning pools by mean: the encoder's last norm goes, fc_norm is new)
+    pretraining_class: str = ""
+    head_keys: tuple[str, ...] = ()
     # the config keys that make a size (MODEL.NAME's videomae_base or _large): a checkpoint of another is refused
     size_keys: tuple[str, ...] = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -43,7 +47,8 @@ FAMILIES: dict[str, HfFamily] = {
     "videomae": HfFamily("videomae", "VideoMAEConfig", "VideoMAEForVideoClassification", "pixel_values",
                          "num_frames", "image_size", fixed_clip=True,
                          arch_keys=("hidden_act", "layer_norm_eps", "num_frames", "image_size", "tubelet_size",
-                                    "patch_size", "use_mean_pooling")),
+                                    "patch_size", "use_mean_pooling"),
+                         pretraining_class="VideoMAEForPreTraining", head_keys=("use_mean_pooling",)),
     "timesformer": HfFamily("timesformer", "TimesformerConfig", "TimesformerForVideoClassification", "pixel_values",
                             "num_frames", "image_size", fixed_clip=False,
                             no_drop_path="transformers types TimesformerConfig.drop_path_rate as an int (its "

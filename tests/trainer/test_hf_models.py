@@ -75,9 +75,10 @@ def hub_cache(home: Path, hub: str, name: str, num_labels: int = 5) -> Path:
     return snapshot
 
 
-def config_for(tmp_path: Path, name: str, weights: Path | str, classes: int, **data: Any) -> Any:
+def config_for(tmp_path: Path, name: str, weights: Path | str, classes: int, model: dict[str, Any] | None = None,
+               **data: Any) -> Any:
     cfg = {"CONFIG": {"DATA": {"CLIP_LEN": FRAMES, "CROP_SIZE": SIZE, "NUM_CLASSES": classes, **data},
-                      "MODEL": {"NAME": name, "LOAD": True, "PRETRAINED_PATH": str(weights)}}}
+                      "MODEL": {"NAME": name, "LOAD": True, "PRETRAINED_PATH": str(weights), **(model or {})}}}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return load_config(path)
@@ -193,6 +194,31 @@ def test_checkpoint_of_another_architecture_is_refused_by_key(tmp_path: Path) ->
     with pytest.raises(WeightsError, match=r"config\.json does not describe model videomae_base: use_mean_pooling "
                                            r"True \(the model's False\)"):
         load_initial(build_model("videomae_base", 5, **other), cfg, init)
+
+
+def test_a_self_supervised_videomae_checkpoint_fine_tunes_with_a_new_mean_pooled_head(tmp_path: Path) -> None:
+    # MCG-NJU/videomae-base, as VideoMAE's paper fine-tunes it: saved by VideoMAEForPreTraining without mean pooling
+    # (its encoder ends in a norm); the classifier pools by mean with a new fc_norm, the encoder loads whole.
+    folder = tmp_path / "pretrained"
+    config = transformers.VideoMAEConfig(**TINY["videomae_base"], use_mean_pooling=False)
+    torch.manual_seed(0)
+    pretraining = transformers.VideoMAEForPreTraining(config)
+    pretraining.save_pretrained(folder)
+    transformers.VideoMAEVideoProcessor(crop_size={"height": SIZE, "width": SIZE}, image_mean=MEAN,
+                                        image_std=STD).save_pretrained(folder)
+    cfg = config_for(tmp_path, "videomae_base", folder, classes=5, model={"PARTIAL_LOAD": True})
+    init = initial_weights(cfg)
+    assert init is not None
+    model = build_model("videomae_base", 5, **TINY["videomae_base"])
+    report = load_initial(model, cfg, init)
+    fresh = set(model.state_dict()) - set(report.loaded)
+    assert fresh == {"fc_norm.weight", "fc_norm.bias", "classifier.weight", "classifier.bias"}, fresh
+    theirs = pretraining.state_dict()
+    assert all(torch.equal(model.state_dict()[name], theirs[name]) for name in report.loaded)
+    # strict loading names what the fine-tune starts afresh
+    with pytest.raises(WeightsError, match=r"fc_norm\.weight"):
+        load_initial(build_model("videomae_base", 5, **TINY["videomae_base"]), config_for(
+            tmp_path, "videomae_base", folder, classes=5), init)
 
 
 def test_hub_id_is_read_from_the_sites_cache_offline(tmp_path: Path) -> None:

@@ -191,11 +191,13 @@ def check_hub_model(folder: Path, hub: str, model_name: str) -> None:
 
 def check_architecture(model: nn.Module, checkpoint: HfCheckpoint, model_name: str) -> None:
     """WeightsError naming the checkpoint's size and the model's when they differ, or each config.json value that
-    computes otherwise than ``model`` with the same tensors."""
+    computes otherwise than ``model`` with the same tensors (but the head's, in a self-supervised checkpoint)."""
     family = _family(model_name)
     ours = model.config.to_dict()
     _check_size(checkpoint.config, f"{checkpoint.folder}/config.json", ours, model_name)
-    differ = [f"{key} {checkpoint.config[key]!r} (the model's {ours.get(key)!r})" for key in family.arch_keys
+    pretrained = family.pretraining_class in checkpoint.config.get("architectures", [])
+    keys = [key for key in family.arch_keys if not (pretrained and key in family.head_keys)]
+    differ = [f"{key} {checkpoint.config[key]!r} (the model's {ours.get(key)!r})" for key in keys
               if key in checkpoint.config and checkpoint.config[key] != ours.get(key)]
     if differ:
         raise WeightsError(f"{checkpoint.folder}/config.json does not describe model {model_name}: "
