@@ -19,6 +19,8 @@ alone. An unknown model name or an option the model does not take is a ConfigErr
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm, _NormBase
@@ -54,12 +56,15 @@ def build_model_from_config(cfg: Config) -> nn.Module:
             build_model(model_cfg.NAME, num_classes)  # raises with the nearest registered names
         except ValueError as exc:
             raise ConfigError(f"CONFIG.MODEL.NAME: {exc}") from None
-    options: dict[str, float] = {} if model_cfg.DROPOUT_RATE is None else {"dropout": model_cfg.DROPOUT_RATE}
+    options: dict[str, Any] = {} if model_cfg.DROPOUT_RATE is None else {"dropout": model_cfg.DROPOUT_RATE}
+    options.update(model_cfg.HF_CONFIG)  # the config refuses it for the zoo's models
     if model_cfg.DROP_PATH_RATE > 0:
         options["drop_path_rate"] = model_cfg.DROP_PATH_RATE  # transformers' config key
     try:
         model = build_model(model_cfg.NAME, num_classes, **options)
     except TypeError as exc:
+        if model_cfg.HF_CONFIG and "not in transformers'" in str(exc):
+            raise ConfigError(f"CONFIG.MODEL.HF_CONFIG: {exc}") from None
         if "dropout" not in str(exc):
             raise
         raise ConfigError(

@@ -176,6 +176,23 @@ def test_another_clip_is_refused_by_name(tmp_path: Path) -> None:
         initial_weights(config_for(tmp_path, "timesformer_base", folder, classes=5, MEAN=[0.485, 0.456, 0.406]))
 
 
+def test_hf_config_sets_the_librarys_values_and_refuses_a_key_it_lacks_or_a_zoo_model(tmp_path: Path) -> None:
+    def config(model: dict[str, Any]) -> Any:
+        path = tmp_path / "cfg.yaml"
+        path.write_text(yaml.safe_dump({"CONFIG": {"DATA": {"CLIP_LEN": FRAMES, "CROP_SIZE": SIZE, "NUM_CLASSES": 3},
+                                                   "MODEL": model}}))
+        return load_config(path)
+
+    model = build_model_from_config(config({"NAME": "videomae_base", "HF_CONFIG": TINY["videomae_base"]}))
+    assert model.config.hidden_size == 32 and len(model.videomae.encoder.layer) == 2
+    assert model.takes_clip() == (FRAMES, SIZE)
+    with pytest.raises(ConfigError, match=r"^CONFIG\.MODEL\.HF_CONFIG: videomae_base: unexpected keyword argument\(s\) "
+                                          r"'hiden_size'"):
+        build_model_from_config(config({"NAME": "videomae_base", "HF_CONFIG": {"hiden_size": 32}}))
+    with pytest.raises(ConfigError, match=r"HF_CONFIG.*model i3d_tiny is not a transformers model"):
+        config({"NAME": "i3d_tiny", "HF_CONFIG": {"hidden_size": 32}})
+
+
 def test_a_model_with_fixed_position_embeddings_refuses_another_clip(tmp_path: Path) -> None:
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump({"CONFIG": {"DATA": {"CLIP_LEN": 8, "CROP_SIZE": 224, "NUM_CLASSES": 5},

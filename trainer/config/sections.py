@@ -440,6 +440,12 @@ class ModelConfig(_Section):
         "transformers models whose config sets it: vjepa2_*. Refused for the others: VideoMAE's class has none, "
         "TimesformerConfig types the rate as an int; 0 = off.",
     )
+    HF_CONFIG: dict[str, int | float | bool | str] = Field(
+        {},
+        description="transformers models: values of the library's config over NAME's size (e.g. a smaller model "
+        "for a test or a prototype: hidden_size, num_hidden_layers, num_frames, image_size); a key the library's "
+        "config lacks is refused by name. Refused for the zoo's own models.",
+    )
 
     @field_validator("PRETRAINED", mode="before")
     @classmethod
@@ -472,6 +478,8 @@ def _model_problem(model: ModelConfig) -> tuple[str, str] | None:
     if model.DROP_PATH_RATE > 0 and (family is None or family.no_drop_path):
         why = family.no_drop_path if family else "none of the zoo's models has stochastic depth"
         return "DROP_PATH_RATE", f"cannot be set for model {model.NAME}: {why}; remove it, or choose a vjepa2_* model"
+    if model.HF_CONFIG and family is None:
+        return "HF_CONFIG", f"model {model.NAME or '(none)'} is not a transformers model; remove it"
     if model.ATTENTIVE_PROBE:
         if family is None or not family.probe_encoder:
             return "ATTENTIVE_PROBE", f"model {model.NAME or '(none)'} has no attentive probe (V-JEPA 2 has); remove it"
