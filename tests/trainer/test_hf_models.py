@@ -99,6 +99,13 @@ def test_every_size_is_registered() -> None:
         assert hasattr(transformers, family.config_class) and hasattr(transformers, family.model_class)
 
 
+def test_attention_runs_through_torchs_sdpa_where_the_library_has_it() -> None:
+    # scaled_dot_product_attention picks flash or memory-efficient kernels on a GPU that has them; transformers'
+    # TimeSformer has only its own (eager) attention.
+    used = {name: build_model(name, 3, **TINY[name]).config._attn_implementation for name in TINY}
+    assert used == {"videomae_base": "sdpa", "vjepa2_vitl": "sdpa", "timesformer_base": "eager"}
+
+
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_gives_the_library_logits(tmp_path: Path, name: str) -> None:
     folder = save_checkpoint(tmp_path / "ckpt", name, num_labels=7)
