@@ -1,11 +1,13 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
-    .venv/bin/python -m bench [--quick] [--only loader ddp fsdp multigrid decoders gpu launch checkpoint restarts watch]
+    .venv/bin/python -m bench [--quick]
+        [--only loader ddp fsdp hfstep multigrid decoders gpu launch checkpoint restarts watch]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
 bench/ddp.py (1 vs 2 gloo processes), bench/fsdp.py (ViT-S VideoMAE steps at 2 ranks, FSDP2 vs DDP: time and peak
-memory per rank), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
+memory per rank), bench/hf_step.py (a VideoMAE step through the trainer's epoch loop vs a plain PyTorch loop, same
+model and clips, interleaved), bench/multigrid.py (multigrid vs baseline training), bench/decoders.py (decord
 vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without CUDA), bench/launch_overhead.py
 (launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
@@ -31,6 +33,7 @@ from bench import (
     decoders,
     fsdp,
     gpu_step,
+    hf_step,
     launch_overhead,
     loader,
     local,
@@ -90,6 +93,14 @@ def fsdp_rows(quick: bool) -> list[Row]:
              None),
         ]
     return rows
+
+
+def hf_step_rows(quick: bool) -> list[Row]:
+    r = hf_step.run(quick)
+    ratio = r["ours"] / r["plain"]
+    return [(f"training step, the trainer's (train_one_epoch, build_optimizer AdamW) vs a plain loop, 1 process "
+             f"({r['model']}), s", f"{r['ours']:.3f}", f"{r['plain']:.3f}", ratio, f"<= {hf_step.GOAL}x",
+             ratio <= hf_step.GOAL)]
 
 
 def multigrid_rows(quick: bool) -> list[Row]:
@@ -212,9 +223,9 @@ def watch_rows(quick: bool) -> list[Row]:
 
 
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
-    "loader": loader_rows, "ddp": ddp_rows, "fsdp": fsdp_rows, "multigrid": multigrid_rows, "decoders": decoder_rows,
-    "gpu": gpu_rows, "launch": launch_rows, "checkpoint": checkpoint_rows, "restarts": restart_rows,
-    "watch": watch_rows,
+    "loader": loader_rows, "ddp": ddp_rows, "fsdp": fsdp_rows, "hfstep": hf_step_rows, "multigrid": multigrid_rows,
+    "decoders": decoder_rows, "gpu": gpu_rows, "launch": launch_rows, "checkpoint": checkpoint_rows,
+    "restarts": restart_rows, "watch": watch_rows,
 }
 # whole jobs under several launchers (15 to 30 minutes), the watch at fleet size (about 10 minutes): --quick leaves
 # them out unless named

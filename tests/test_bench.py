@@ -3,6 +3,11 @@ and the watch at fleet size (about 10 minutes) run only when asked for by name, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
+from bench import hf_step
 from bench.__main__ import SECTIONS, sections
 from bench.restarts import STEPS, Run, goals, rows
 
@@ -38,3 +43,14 @@ def test_a_kill_is_costed_within_its_run_so_a_slower_round_does_not_hide_it() ->
     slow = rows([*runs[:3], _run("runtime, shipped defaults, restart in place", True, 130.0, step=4.0, again=8.0,
                                  lost=1)])
     assert slow[1].stall_s == 10.0 and not all(goals(slow).values())
+
+
+def test_the_hf_step_bench_compares_the_same_training(tmp_path: Path) -> None:
+    # bench/hf_step.py times the trainer's step against a plain loop: both must do the same work, so from the same
+    # weights two steps on the same clips leave the same weights (AdamW, cross-entropy, the same normalised input).
+    (ours_model, ours_steps), (plain_model, plain_steps) = hf_step.sides(tmp_path)
+    before = [p.detach().clone() for p in plain_model.parameters()]
+    ours_steps(2), plain_steps(2)
+    pairs = list(zip(ours_model.parameters(), plain_model.parameters(), before, strict=True))
+    assert all(torch.allclose(o, p, atol=1e-5) for o, p, _ in pairs)
+    assert any(not torch.equal(p, b) for _, p, b in pairs)  # they trained
