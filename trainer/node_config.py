@@ -45,6 +45,7 @@ from trainer.config import (
     URLS_KEY,
     Config,
     ConfigError,
+    DDPConfig,
     config_to_yaml,
     input_paths,
     parse_yaml,
@@ -175,6 +176,7 @@ def _ddp_section(job: JobSpec, rank: int, experiment: Mapping[str, Any]) -> dict
         "DIST_BACKEND": backend,
         "DISTRIBUTED": True,
         "CPU_WORKERS": job.cpu_workers,
+        **{key: own[key] for key in DDPConfig.RUN_KEYS if key in own},  # the run's choice, not the cluster's
     }
     return section if timeout is None else {**section, "TIMEOUT_SECONDS": timeout}
 
@@ -209,7 +211,8 @@ def node_config(experiment: Mapping[str, Any], job: JobSpec, node: NodeFacts, ra
     of the node it replaces when it starts).
 
     The experiment's own DDP_CONFIG is replaced, not merged (a single-node section, or one that spells WORLD_URLS
-    the other way, must not leak into the cluster's); the job's overrides may still set DDP_CONFIG keys.
+    the other way, must not leak into the cluster's), but for the keys it chooses for its run (DDPConfig.RUN_KEYS:
+    the sharding) and its TIMEOUT_SECONDS; the job's overrides may still set DDP_CONFIG keys.
     """
     # A deep copy: the paths below are made this node's own in place, and the next node starts from the experiment.
     body = {key: copy.deepcopy(value) for key, value in experiment.items() if key != "DDP_CONFIG"}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from trainer.node_config import JobSpec, main, render_job
 from trainer.runtime import layout
@@ -126,6 +127,20 @@ def test_the_renderer_writes_configs_and_plans_and_refuses_a_bad_job_id(tmp_path
                      "--out-dir", str(tmp_path / "out2")]) == 2
         assert f"error: job id {bad!r}: use letters" in capsys.readouterr().err
     assert not (tmp_path / "out2").exists()
+
+
+def test_the_runs_own_ddp_keys_survive_the_launch_and_the_topology_is_the_clusters() -> None:
+    # The experiment's DDP_CONFIG is one machine's (WORLD_SIZE 1, a local DIST_URL): replaced by the cluster's, but
+    # its sharding is the run's choice and must reach every node (dropping it would train with DDP, unsaid).
+    chosen = {"SHARDING": "fsdp2", "FSDP_PARAM_DTYPE": "float32", "FSDP_ACTIVATION_CHECKPOINTING": True}
+    experiment = {**EXPERIMENT, "DDP_CONFIG": {"WORLD_SIZE": 1, "WORLD_RANK": 0, "DIST_URL": "tcp://127.0.0.1:1",
+                                               "DIST_BACKEND": "nccl", **chosen}}
+    rendered = render_job(experiment, job(["/home/a", "/home/a"]), "exp.yaml")
+    for member in rendered["members"].values():
+        section = yaml.safe_load(member["yaml"])["DDP_CONFIG"]
+        assert {key: section[key] for key in chosen} == chosen
+        assert section["WORLD_SIZE"] == 2 and section["DIST_URL"] == "tcp://10.9.0.10:29500"
+        assert section["DIST_BACKEND"] == "gloo"
 
 
 def test_layout_is_the_one_answer() -> None:

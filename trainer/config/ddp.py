@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, model_validator
@@ -59,6 +59,9 @@ class DDPConfig(_Section):
     FSDP_ACTIVATION_CHECKPOINTING: bool = Field(
         False, description="fsdp2: recompute each transformer block's activations in the backward (less memory)."
     )
+
+    # The keys the experiment chooses for its run, kept when a launch writes the cluster's topology into the rest.
+    RUN_KEYS: ClassVar[tuple[str, ...]] = ("SHARDING", "FSDP_PARAM_DTYPE", "FSDP_ACTIVATION_CHECKPOINTING")
 
     @model_validator(mode="before")
     @classmethod
