@@ -514,3 +514,34 @@ def test_launching_a_running_job_again_attaches_to_it_and_stop_stops_it(cluster:
     assert flat(cluster.playbook("stop-training.yml", "-e", f"job_id={job}").stdout).count("nothing to stop") == 3
     status = cluster.playbook("training-status.yml", "-e", f"job_id={job}")
     assert "The job stopped:" in flat(status.stdout), status.stdout[-3000:]
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
+def test_a_tiny_videomae_trains_on_two_nodes_and_a_relaunch_resumes_it_exactly(cluster: LocalCluster,
+                                                                               sharding: str) -> None:
+    # transformers' VideoMAE (on the nodes from requirements-node.txt), made tiny by MODEL.HF_CONFIG, on two nodes,
+    # with DDP or sharded by FSDP2 (its checkpoint folders in the one home the nodes share); a Step schedule, so one
+    # epoch and then a relaunch to two is the two-epoch run, tensor for tensor.
+    def videomae(epochs: int) -> tuple[str, str]:
+        return "-e", json.dumps({"ddp_config_overrides": {"DDP_CONFIG": {"SHARDING": sharding}, "CONFIG": {
+            "TRAIN": {"EPOCH_NUM": epochs, "LR_POLICY": "Step", "LR": 0.01}, "DATA": {"CLIP_LEN": 4},
+            "MODEL": {"NAME": "videomae_base", "HF_CONFIG": {
+                "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                "num_frames": 4, "image_size": 32, "patch_size": 16}}}}})
+
+    ref, resumed = f"{cluster.name}-{sharding}", f"{cluster.name}-{sharding}-resumed"
+    whole = flat(launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={ref}", *videomae(2), *TWO_NODES).stdout)
+    assert f"Job {ref} started: 2 node(s) (node0, node1)" in whole and f"Job {ref} finished" in whole
+    first = flat(launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={resumed}", *videomae(1),
+                        *TWO_NODES).stdout)
+    assert f"Job {resumed} finished" in first
+    again = flat(launch(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={resumed}", *videomae(2),
+                        *TWO_NODES).stdout)
+    assert f"Job {resumed} finished" in again
+    log = (REPO / "runs" / resumed / "log.txt").read_text()
+    suffix = "dcp" if sharding == "fsdp2" else "pth"
+    assert re.search(rf"resumed from \S*epoch_0001\.{suffix} at epoch 1", log), log[-3000:]
+    assert ("FSDP2: model videomae_base sharded over 2 rank(s)" in log) == (sharding == "fsdp2"), log[-3000:]
+    digests = [json.loads((REPO / "runs" / job / "weights_digest.json").read_text()) for job in (ref, resumed)]
+    assert all(d["identical"] and d["world_size"] == 2 for d in digests), digests
+    assert digests[0]["digests"][0] == digests[1]["digests"][0]
