@@ -31,10 +31,11 @@ def test_the_cause_comes_first_whatever_the_clocks_say() -> None:
 
 
 def choose(first: Failure, previous: Failure | None = None, lost: dict[str, str] | None = None,
-           available: tuple[str, ...] = (), used: int = 0, most: int = 3, waited: bool = False) -> Any:
+           available: tuple[str, ...] = (), used: int = 0, most: int = 3, waited: bool = False, min_nodes: int = 3,
+           drop_slow: bool = False) -> Any:
     return decide(first=first, previous=previous, assignment={"node0": 0, "node1": 1, "node2": 2},
                   lost=lost or {}, available=available, restarts_used=used, max_restarts=most, waited=waited,
-                  node_wait=300)
+                  node_wait=300, min_nodes=min_nodes, drop_slow=drop_slow)
 
 
 KILLED = Failure("node1", *exit_failure(-9), at=1.0, rc=-9)
@@ -86,3 +87,47 @@ def test_the_same_node_failing_with_another_status_is_given_another_try() -> Non
     again = Failure("node1", *exit_failure(1), at=2.0, rc=1)
     assert choose(again, previous=crashed, used=1).action == "restart"
     assert choose(again, previous=again, used=1).action == "end"
+
+
+LOST1 = Failure("node1", Kind.LOST, "it stopped answering the hub", at=1.0)
+
+
+def test_a_lost_node_without_a_spare_leaves_the_world_down_to_min_nodes() -> None:
+    shrunk = choose(LOST1, lost={"node1": "silent"}, min_nodes=2)
+    assert (shrunk.action, shrunk.left, shrunk.replaced) == ("restart", ("node1",), {})
+    assert shrunk.assignment == {"node0": 0, "node2": 1}  # ranks compacted, in their order
+    assert shrunk.reason.endswith("node1 leaves the world, no spare taking its rank: 3 nodes -> 2")
+    spare_first = choose(LOST1, lost={"node1": "silent"}, available=("spare",), min_nodes=1)
+    assert spare_first.replaced == {"node1": "spare"} and spare_first.left == ()  # a free spare still takes the rank
+    two = choose(LOST1, lost={"node1": "silent", "node2": "silent"}, min_nodes=1)
+    assert two.left == ("node1", "node2") and two.assignment == {"node0": 0}
+
+
+def test_rank_0_lost_goes_to_the_node_with_the_second_copy_and_the_ranks_close_up() -> None:
+    lost0 = Failure("node0", Kind.LOST, "it stopped answering the hub", at=1.0)
+    decision = choose(lost0, lost={"node0": "silent"}, min_nodes=2)
+    assert decision.left == ("node0",) and decision.assignment == {"node1": 0, "node2": 1}
+
+
+def test_below_min_nodes_a_lost_node_is_waited_for_then_the_job_ends() -> None:
+    both = {"node1": "silent", "node2": "silent"}
+    waiting = choose(LOST1, lost=both, min_nodes=2)
+    assert (waiting.action, waiting.waiting_for, waiting.left) == ("wait", ("node1", "node2"), ())
+    assert "(the job trains on 2 nodes at least, 1 would be left)" in waiting.reason
+    over = choose(LOST1, lost=both, min_nodes=2, waited=True)
+    assert over.action == "end" and over.end_state == "failed" and "did not come back within 300 s" in over.reason
+
+
+def test_min_nodes_of_every_trainer_keeps_the_wait_as_before() -> None:
+    waiting = choose(LOST1, lost={"node1": "silent"}, min_nodes=3)
+    assert waiting.action == "wait" and waiting.left == ()
+    assert waiting.reason == "node1 was lost (silent); no spare: waiting up to 300 s for it to come back"
+
+
+def test_a_dropped_straggler_leaves_the_world_without_taking_a_spare() -> None:
+    slow = Failure("node0", Kind.SLOW, "a straggler", at=1.0)
+    dropped = choose(slow, available=("spare",), min_nodes=2, drop_slow=True)
+    assert (dropped.action, dropped.left, dropped.replaced) == ("restart", ("node0",), {})
+    assert dropped.assignment == {"node1": 0, "node2": 1}
+    kept = choose(slow, min_nodes=3, drop_slow=True)  # too few would be left: it trains on
+    assert kept.action == "restart" and kept.left == () and kept.assignment == {"node0": 0, "node1": 1, "node2": 2}

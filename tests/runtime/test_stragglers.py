@@ -162,7 +162,7 @@ def test_a_real_failure_while_a_swap_stops_the_attempt_is_named_instead() -> Non
 def test_the_policy_swaps_a_straggler_like_a_lost_node_and_keeps_it_without_a_spare() -> None:
     slow = Failure("node0", Kind.SLOW, "a straggler", at=1.0)
     common = {"previous": None, "assignment": {"node0": 0, "node1": 1, "node2": 2}, "lost": {}, "restarts_used": 0,
-              "max_restarts": 3, "waited": False, "node_wait": 300}
+              "max_restarts": 3, "waited": False, "node_wait": 300, "min_nodes": 3}
     swapped = decide(first=slow, available=("spare",), **common)
     assert swapped.replaced == {"node0": "spare"}
     assert swapped.assignment == {"node1": 0, "spare": 1, "node2": 2}  # rank 0 to the node with the second copy

@@ -79,6 +79,9 @@ class Restarts:
     max_restarts: int = 3  # automatic restarts of the job after failures, in all
     node_wait: float = 300.0  # seconds to wait for a lost node to come back when no spare can replace it
     in_place: bool = True  # restart in place: a trainer that survived a failure goes on in its process, a standby waits
+    # the fewest nodes the job trains on: a lost node no spare can replace leaves the world while this many are left
+    # (vidcluster_min_nodes); None: every trainer (the job never shrinks)
+    min_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,10 @@ class NodePlan:
             raise PlanError(f"schema {self.schema!r}, this runtime reads schema {SCHEMA} (launch again)")
         if self.node not in {m.name for m in self.members}:
             raise PlanError(f"node {self.node!r} is not among the job's members")
+        shrink_to = self.restarts.min_nodes
+        if shrink_to is not None and not 1 <= shrink_to <= len(self.trainers):
+            raise PlanError(f"restarts: min_nodes {shrink_to} must be between 1 and the job's {len(self.trainers)} "
+                            "trainers")
         self.timings  # noqa: B018 (refuses a watch that breaks the no-split rule, naming the rule)
 
     @property
@@ -120,8 +127,13 @@ class NodePlan:
 
     @property
     def world_size(self) -> int:
-        """Nodes that train (every attempt keeps it: a lost node is replaced, never dropped)."""
+        """Nodes that train at the launch (a lost node is replaced by a spare, or leaves: ``min_nodes``)."""
         return len(self.trainers)
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes the job trains on (trainer.runtime.job.policy)."""
+        return self.world_size if self.restarts.min_nodes is None else self.restarts.min_nodes
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"

@@ -53,6 +53,7 @@ from trainer.runtime.job.record import (
     NodeTimeline,
     Phase,
     Spent,
+    WorldChange,
 )
 from trainer.runtime.job.roster import MemberView, Roster
 from trainer.runtime.job.verdict import exit_failure, first_failure, hung, no_consequence, words
@@ -271,7 +272,8 @@ class Hub:
         """Name the nodes slow for a whole window; swap one for a spare when the rules allow: every node's trainer
         checkpoints at a common step first (trainer.runtime.job.straggler, .node.stop_signal)."""
         paces = self.paces.paces(self.record.attempt, self.record.assignment)
-        turn = straggler.turn(self.slow, self.record, paces, next(iter(self._spares(now)), None), now, wall)
+        turn = straggler.turn(self.slow, self.record, paces, next(iter(self._spares(now)), None), self.plan.min_nodes,
+                              now, wall)
         for line in turn.said:
             self.log(line)
         if turn.swap is None:
@@ -350,6 +352,7 @@ class Hub:
             available=self.members.available(now, record), restarts_used=record.restarts,
             max_restarts=record.max_restarts,
             waited=self.wait_until is not None and now >= self.wait_until, node_wait=self.plan.restarts.node_wait,
+            min_nodes=self.plan.min_nodes, drop_slow=self.plan.stragglers.action == straggler.Treatment.DROP,
         )
         if decision.action == Action.END:
             assert decision.end_state is not None
@@ -361,7 +364,7 @@ class Hub:
                 self._change(phase=Phase.WAITING, waiting=decision.reason)
                 self.phase_since = now
         else:
-            self._restart(decision.assignment, decision.replaced, decision.reason, now, wall)
+            self._restart(decision.assignment, decision.replaced, decision.left, decision.reason, now, wall)
 
     def _welcome_back(self, now: float) -> None:
         """Lost members heard again since they were lost, with no trainer running, may take part again."""
@@ -373,8 +376,8 @@ class Hub:
                 self.lost_at.pop(node, None)
             self._change(lost={n: why for n, why in self.record.lost.items() if n not in back})
 
-    def _restart(self, assignment: dict[str, int], replaced: Mapping[str, str], reason: str, now: float,
-                 wall: float) -> None:
+    def _restart(self, assignment: dict[str, int], replaced: Mapping[str, str], left: tuple[str, ...], reason: str,
+                 now: float, wall: float) -> None:
         if self.took_over and now - self.started < self.timings.takeover_wait:
             return  # a hub that took over lets the old attempt's last processes end first (trainer.runtime.job.timing)
         if not self.members.has_quorum(now):
@@ -400,6 +403,11 @@ class Hub:
         entry = Attempt(attempt=attempt, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=cause,
                         stopped_at=self.stopped_at, nodes={})
         self.log(f"attempt {attempt}: {reason}")
+        changes = self.record.world_changes
+        if left:
+            dropped = first.kind == Kind.SLOW and first.node in left  # a straggler dropped; else lost nodes
+            changes = (*changes, WorldChange(attempt=attempt, at=wall, left=left, before=len(self.record.assignment),
+                                             after=len(assignment), cause=Kind.SLOW if dropped else Kind.LOST))
         self.failures, self.first_seen, self.wait_until, self.majority_until = [], None, None, None
         self.stopped_at = None
         self.acted = True
@@ -407,7 +415,8 @@ class Hub:
         self._change(attempt=attempt, phase=Phase.RUNNING, assignment=assignment, rendezvous=rendezvous,
                      world_urls=world_urls(self.plan, assignment), attempts=(*self.record.attempts, entry),
                      restarts=self.record.restarts + 1, first_failure=None, detected_at=None, failed_step=None,
-                     waiting="", stragglers=straggler.swapped(self.record, replaced), spent=self._spent())
+                     waiting="", stragglers=straggler.swapped(self.record, replaced, left), spent=self._spent(),
+                     world_changes=changes)
         self._change(goodput=goodput.account(self.record, None, wall))
         self.phase_since = now
 

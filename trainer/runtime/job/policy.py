@@ -10,10 +10,15 @@ In order:
    takes its node rank (the world size never changes, so neither does the global batch). When the rank-0 node is
    replaced, rank 0 goes to the node that had rank 1 (it holds the second copy of the checkpoints and the run's
    history) and the spare takes rank 1; every other node keeps its rank;
-4. without a spare: a lost node is waited for (``node_wait`` seconds), then the job ends; a node that failed the same
-   way twice in a row ends the job; a node that failed again in another way is given another try; a straggler
-   trains on;
-5. otherwise the same nodes restart in the same ranks.
+4. a lost node no spare can replace, or a straggler dropped (straggler action ``drop``, which never takes a spare),
+   leaves the world when the nodes left are ``min_nodes`` at least: the job restarts at once on them (the decision's
+   ``left``), node ranks compacted to 0..n-1 in their order, rank 0 going to the rank-1 node when the rank-0 node left
+   (as for a replacement). The trainer keeps the global batch (its ranks learn the new world from the attempt's
+   ``world_urls``);
+5. otherwise, without a spare: a lost node is waited for (``node_wait`` seconds), then the job ends; a node that failed
+   the same way twice in a row ends the job; a node that failed again in another way is given another try; a
+   straggler trains on;
+6. otherwise the same nodes restart in the same ranks.
 Every restart counts toward ``max_restarts``, preemptions included.
 """
 
@@ -42,21 +47,26 @@ class Decision:
     replaced: dict[str, str] = field(default_factory=dict)  # restart: lost or failing node -> its replacement
     end_state: EndState | None = None  # end: failed or stopped
     waiting_for: tuple[str, ...] = ()  # wait: the lost nodes
+    left: tuple[str, ...] = ()  # restart: nodes that leave the world, no spare taking their rank (in rank order)
 
 
 def same_way(a: Failure, b: Failure) -> bool:
     return a.node == b.node and a.kind == b.kind and a.rc == b.rc
 
 
-def _ranks_after(assignment: Mapping[str, int], replaced: Mapping[str, str]) -> dict[str, int]:
-    ranks = {node: rank for node, rank in assignment.items() if node not in replaced}
+def _ranks_after(assignment: Mapping[str, int], replaced: Mapping[str, str],
+                 left: Sequence[str] = ()) -> dict[str, int]:
+    ranks = {node: rank for node, rank in assignment.items() if node not in replaced and node not in left}
     deputy = next((node for node, rank in ranks.items() if rank == COPY_NODE_RANK), None)
     for old, new in replaced.items():
         rank = assignment[old]
         if rank == 0 and deputy is not None:  # the node with the second copy of the checkpoints becomes rank 0
             ranks[deputy], rank = 0, COPY_NODE_RANK
         ranks[new] = rank
-    return dict(sorted(ranks.items(), key=lambda item: item[1]))
+    if any(assignment[node] == 0 for node in left) and deputy is not None:
+        ranks[deputy] = 0  # as for a replacement: the node with the second copy of the checkpoints
+    order = sorted(ranks, key=lambda node: ranks[node])
+    return {node: rank for rank, node in enumerate(order)}  # a world that shrank has no gaps
 
 
 def decide(
@@ -70,10 +80,14 @@ def decide(
     max_restarts: int,
     waited: bool,
     node_wait: float,
+    min_nodes: int,
+    drop_slow: bool = False,
 ) -> Decision:
     """``first``: the attempt's first failure; ``previous``: the previous attempt's, when this attempt was a restart;
     ``lost``: node -> why, for assigned nodes that are lost; ``available``: idle members that may join (spares first,
-    in member order); ``waited``: the wait for the lost nodes is over."""
+    in member order); ``waited``: the wait for the lost nodes is over; ``min_nodes``: the fewest nodes the job trains
+    on (``len(assignment)``: it never shrinks); ``drop_slow``: a straggler leaves the world rather than take a spare
+    (straggler action drop)."""
     said = words(first)
     if first.kind == Kind.STOPPED:
         return Decision(Action.END, f"stopped: {first.reason}", end_state=EndState.STOPPED)
@@ -88,11 +102,14 @@ def decide(
     spares = [node for node in available if node not in assignment]
     replaced: dict[str, str] = {}
     waiting: list[str] = []
+    dropped: list[str] = []
     for node in sorted(assignment, key=lambda n: assignment[n]):
         slow = first.kind == Kind.SLOW and node == first.node
         if node not in lost and not (again and node == first.node) and not slow:
             continue
-        if spares:
+        if slow and drop_slow:
+            dropped.append(node)
+        elif spares:
             replaced[node] = spares.pop(0)
         elif node in lost:
             waiting.append(node)
@@ -101,14 +118,27 @@ def decide(
         elif previous is not None and same_way(previous, first):
             return Decision(Action.END, f"{said}, the same way as in the attempt before, and no spare can replace "
                             "it", end_state=EndState.FAILED)
+    left = tuple(sorted(waiting + dropped, key=lambda n: assignment[n]))
+    if left and len(assignment) - len(left) < min_nodes:
+        dropped = []  # a straggler that cannot leave trains on
+        left = ()
+    else:
+        waiting = []
     if waiting:
         lost_words = "; ".join(f"{node} was lost ({lost[node]})" for node in waiting)
+        fewer = "" if min_nodes >= len(assignment) else (
+            f" (the job trains on {min_nodes} nodes at least, {len(assignment) - len(waiting)} would be left)")
         if waited:
-            return Decision(Action.END, f"{lost_words}; no spare could replace it, and it did not come back within "
-                            f"{node_wait:.0f} s", end_state=EndState.FAILED)
-        return Decision(Action.WAIT, f"{lost_words}; no spare: waiting up to {node_wait:.0f} s for it to come back",
-                        waiting_for=tuple(waiting))
+            return Decision(Action.END, f"{lost_words}; no spare could replace it{fewer}, and it did not come back "
+                            f"within {node_wait:.0f} s", end_state=EndState.FAILED)
+        return Decision(Action.WAIT, f"{lost_words}; no spare{fewer}: waiting up to {node_wait:.0f} s for it to come "
+                        "back", waiting_for=tuple(waiting))
     why = f"{said}; restart {restarts_used + 1} of {max_restarts}"
     if replaced:
         why += "; " + ", ".join(f"{new} replaces {old}" for old, new in replaced.items())
-    return Decision(Action.RESTART, why, assignment=_ranks_after(assignment, replaced), replaced=replaced)
+    if left:
+        why += (f"; {', '.join(left)} {'leaves' if len(left) == 1 else 'leave'} the world, no spare taking "
+                f"{'its rank' if len(left) == 1 else 'their ranks'}: {len(assignment)} nodes -> "
+                f"{len(assignment) - len(left)}")
+    return Decision(Action.RESTART, why, assignment=_ranks_after(assignment, replaced, left), replaced=replaced,
+                    left=left)

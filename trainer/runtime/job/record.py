@@ -5,7 +5,8 @@ It says which attempt runs and in which phase, which member has which node rank,
 attempt so far (what ended the one before, when the hub named it, when the one before was over, and each node's
 timeline: how its trainer started and when it reached each phase), the restarts used, the members lost, where each
 member's supervisor listens, and how the job ended; the nodes named slow (trainer.runtime.job.straggler), what each
-attempt's trainers spent (trainer.runtime.job.pace) and the job's goodput (trainer.runtime.job.goodput). Its ``version``
+attempt's trainers spent (trainer.runtime.job.pace), the job's goodput (trainer.runtime.job.goodput) and every change
+of its world size (nodes that left it, no spare taking their ranks). Its ``version``
 grows with every change and its ``term`` with every new hub, so ``newer_than`` orders any two records of a job; a hub
 that takes over carries on from the newest a member kept.
 
@@ -135,14 +136,28 @@ class End:
 
 @dataclass(frozen=True)
 class Straggler:
-    """A node the hub named slow (trainer.runtime.job.straggler); it is never chosen again for this job."""
+    """A node the hub named slow (trainer.runtime.job.straggler); it is never chosen again for this job once swapped or
+    dropped."""
 
     named_at: float  # wall clock
     pace: float  # its time per step against the median of the other nodes', when named
     slow_for: float  # seconds it had been slow then
-    replaced_by: str  # the spare that took its rank ("" while it trains on)
-    replaced_at: float | None  # wall clock: the hub asked for the swap
+    replaced_by: str  # the spare that took its rank ("" while it trains on, or once dropped)
+    replaced_at: float | None  # wall clock: the hub asked for the swap (or the drop: straggler action drop)
     note: str  # why it trains on ("" once replaced)
+
+
+@dataclass(frozen=True)
+class WorldChange:
+    """The world of an attempt smaller than the one before (trainer.runtime.job.policy): nodes left it, no spare
+    taking their ranks. The trainer keeps the global batch over the nodes left."""
+
+    attempt: int  # the attempt that starts with the new world
+    at: float  # wall clock: the hub's decision
+    left: tuple[str, ...]  # the nodes that left (in their old rank order)
+    before: int  # nodes in the attempt before
+    after: int  # nodes in this attempt
+    cause: Kind  # what made them leave: lost, or slow (a straggler dropped)
 
 
 @dataclass(frozen=True)
@@ -198,6 +213,7 @@ class JobRecord:
     stragglers: dict[str, Straggler]  # node -> when it was named slow, and whether a spare replaced it
     spent: tuple[Spent, ...]  # the ended attempts' efforts
     goodput: Goodput | None  # as of the last attempt's start, or the end
+    world_changes: tuple[WorldChange, ...] = ()  # every attempt that started with fewer nodes than the one before
 
     def __post_init__(self) -> None:
         if self.schema != SCHEMA:

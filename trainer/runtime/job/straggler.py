@@ -12,18 +12,22 @@ step of the attempt's other nodes over its own) is below ``threshold``; it is *n
               preemption's stop: no step is lost); the next attempt starts with a spare in the slow node's rank,
               exactly as a lost node is replaced (trainer.runtime.job.policy). The node is marked in the job's record
               and never chosen again for this job
+    drop      at the next optimizer step every rank checkpoints at the same step and the attempt ends, as for
+              replace; the next attempt starts without the slow node (no spare takes its rank: the world shrinks,
+              trainer.runtime.job.policy), when the nodes left are ``min_nodes`` at least (vidcluster_min_nodes);
+              it is named and trains on otherwise
     report    named in the record, the follow and the status; it trains on
     off       never named (paces are still shown in the hub's picture)
 
-A swap needs a free spare and a restart left (a swap counts as a restart), and comes at least ``cooldown`` seconds
-after the job's last swap; until then the node is named with the reason it trains on. No node is swapped twice: once
-out, it is never a spare of the job again.
+A swap needs a free spare (a drop: enough nodes left) and a restart left (a swap or a drop counts as a restart), and
+comes at least ``cooldown`` seconds after the job's last swap; until then the node is named with the reason it trains
+on. No node is swapped twice: once out, it is never a spare of the job again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -35,6 +39,7 @@ MEASURE_REPORTS = 2  # a node's time per step is measured over at least two repo
 class Treatment(StrEnum):
     AUTO = "auto"
     REPLACE = "replace"
+    DROP = "drop"
     REPORT = "report"
     OFF = "off"
 
@@ -98,9 +103,10 @@ class Turn:
 
 
 def turn(watch: Watch, record: JobRecord, paces: Mapping[str, tuple[float, float]], spare: str | None,
-         now: float, wall: float) -> Turn:
-    """Name the nodes slow for a whole window, and swap one for ``spare`` (the first free spare) when the rules
-    allow; ``paces``: node -> (pace, when it was measured) of the running attempt's nodes."""
+         min_nodes: int, now: float, wall: float) -> Turn:
+    """Name the nodes slow for a whole window, and swap one for ``spare`` (the first free spare), or drop it (action
+    drop: ``min_nodes`` left at least), when the rules allow; ``paces``: node -> (pace, when it was measured) of the
+    running attempt's nodes."""
     stragglers, said = dict(record.stragglers), []
     for node, (pace, slow_for) in sorted(watch.observe(paces, now).items()):
         known = stragglers.get(node)
@@ -109,11 +115,12 @@ def turn(watch: Watch, record: JobRecord, paces: Mapping[str, tuple[float, float
                               replaced_at=None, note="")
             said.append(f"{node} is a straggler: it trained at {pace:.2f}x the pace of the other nodes for "
                         f"{slow_for:.0f} s")
-        why = why_not_swap(watch.rules, record, spare, wall)
-        if not why and spare is not None:
-            stragglers[node] = dataclasses.replace(known, replaced_by=spare, replaced_at=wall)
-            said.append(f"attempt {record.attempt}: swapping straggler {node} for {spare}: every node checkpoints "
-                        "at the next step and stops")
+        why = why_not_swap(watch.rules, record, spare, min_nodes, wall)
+        if not why:
+            drop = watch.rules.action == Treatment.DROP
+            stragglers[node] = dataclasses.replace(known, replaced_by="" if drop else str(spare), replaced_at=wall)
+            said.append(f"attempt {record.attempt}: {'dropping' if drop else 'swapping'} straggler {node}"
+                        f"{'' if drop else ' for ' + str(spare)}: every node checkpoints at the next step and stops")
             return Turn(stragglers, tuple(said), node)
         if why != known.note:
             said.append(f"{node} trains on: {why}")
@@ -121,12 +128,13 @@ def turn(watch: Watch, record: JobRecord, paces: Mapping[str, tuple[float, float
     return Turn(stragglers, tuple(said), None)
 
 
-def swapped(record: JobRecord, replaced: Mapping[str, str]) -> dict[str, Straggler]:
+def swapped(record: JobRecord, replaced: Mapping[str, str], left: Sequence[str]) -> dict[str, Straggler]:
     """The stragglers once the next attempt starts: a swap asked for in the attempt that ends took place (with the
-    spare the policy chose: ``replaced``), or did not (no spare was left)."""
+    spare the policy chose: ``replaced``), a drop did (the node is among those that ``left``), or neither did (no
+    spare was left, or too few nodes)."""
     stragglers = {}
     for node, named in record.stragglers.items():
-        if named.replaced_at is not None and node in record.assignment:
+        if named.replaced_at is not None and node in record.assignment and node not in left:
             new = replaced.get(node, "")
             named = dataclasses.replace(named, replaced_by=new, replaced_at=named.replaced_at if new else None,
                                         note="" if new else "no spare was free when its attempt stopped")
@@ -134,11 +142,15 @@ def swapped(record: JobRecord, replaced: Mapping[str, str]) -> dict[str, Straggl
     return stragglers
 
 
-def why_not_swap(rules: Rules, record: JobRecord, spare: str | None, wall: float) -> str:
-    """Why a named node trains on now ('' when it is swapped for ``spare``, the first free spare, None: none)."""
+def why_not_swap(rules: Rules, record: JobRecord, spare: str | None, min_nodes: int, wall: float) -> str:
+    """Why a named node trains on now ('' when it is swapped for ``spare``, the first free spare, None: none; or
+    dropped, leaving ``min_nodes`` at least)."""
     if rules.action == Treatment.REPORT:
         return "the straggler action is report"
-    if spare is None:
+    if rules.action == Treatment.DROP and len(record.assignment) - 1 < min_nodes:
+        return (f"dropping it would leave {len(record.assignment) - 1} nodes, and the job trains on {min_nodes} at "
+                "least (vidcluster_min_nodes)")
+    if rules.action != Treatment.DROP and spare is None:
         return "no spare is free to replace it"
     if record.restarts >= record.max_restarts:
         return f"no restart left to swap it ({record.restarts} of {record.max_restarts} used)"
@@ -149,7 +161,8 @@ def why_not_swap(rules: Rules, record: JobRecord, spare: str | None, wall: float
 
 
 def swap_reason(straggler: Straggler, rules: Rules) -> str:
-    """The failure's words when a named node is swapped."""
+    """The failure's words when a named node is swapped (or dropped)."""
+    then = "it leaves the world" if rules.action == Treatment.DROP else "a spare takes its rank"
     return (f"a straggler: it trained at {straggler.pace:.2f}x the pace of the other nodes for "
             f"{straggler.slow_for:.0f} s (threshold {rules.threshold:g}); every rank checkpoints at the next step "
-            "and a spare takes its rank")
+            f"and {then}")

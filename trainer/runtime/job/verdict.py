@@ -13,7 +13,7 @@ of the failed part's last sign of life (the exit its supervisor saw, its last he
                rank stuck in NCCL, in its data, in a checkpoint): the hub names it, its node kills it
     lost       the node stopped answering the hub, never joined, or did not confirm its trainer stopped
     exited     the trainer exited with another status (a crash, or the loss of its peers)
-    slow       the hub named the node a straggler and stops the attempt to swap it for a spare
+    slow       the hub named the node a straggler and stops the attempt to swap it for a spare (or drop it)
                (trainer.runtime.job.straggler): every trainer checkpoints at a common step first
     parked     the trainer left its attempt and waits in place for the next one (it lost its peers)
 
