@@ -42,15 +42,17 @@ class Job:
     def __init__(self, tmp_path: Path, nodes: int, spares: int = 0, node_wait: float = 20.0, max_restarts: int = 3,
                  steps: int = 300, env: dict[str, str] | None = None, argv: tuple[str, ...] | None = None,
                  stragglers: dict[str, Any] | None = None, in_place: bool = True,
-                 watch: dict[str, float] | None = None) -> None:
+                 watch: dict[str, float] | None = None, min_nodes: int | None = None) -> None:
         """``steps``: the stand-ins' first attempt (a tenth of a second each; a restarted attempt trains 10 more);
         ``stragglers``: the job description's straggler settings (trainer.runtime.job.straggler); ``watch``: its watch
-        settings (WATCH's short ones when None; ``{}``: the job description's defaults)."""
+        settings (WATCH's short ones when None; ``{}``: the job description's defaults); ``min_nodes``: the fewest
+        nodes the job trains on (None: every trainer)."""
         homes = [str(tmp_path / f"home{i}") for i in range(nodes + spares)]
         peers = tmp_path / "peers"  # every stand-in of the job says it is there (tests/runtime/standin.py)
         peers.mkdir(parents=True)
         spec = job(homes, spares=spares, net=NET, watch=WATCH if watch is None else watch,
-                   restarts={"max_restarts": max_restarts, "node_wait": node_wait, "in_place": in_place},
+                   restarts={"max_restarts": max_restarts, "node_wait": node_wait, "in_place": in_place,
+                             "min_nodes": min_nodes},
                    stragglers=stragglers or {})
         self.plans = plans(spec)
         self.folders: dict[str, str] = {}

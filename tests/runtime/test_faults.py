@@ -1,5 +1,6 @@
 """The job heals itself, on real supervisors with stand-in trainers on loopback (tests/runtime/loopback.py): a killed
-trainer, a frozen one, a node lost with a spare to replace it, a node cut off and back without one, the hub's node
+trainer, a frozen one, a node lost with a spare to replace it, a node cut off and back without one, a node lost
+without one leaving the world (min_nodes), the hub's node
 lost (a new hub, rank 0 on the node with the second copy), a preemption. Seconds each; the slow lane runs the same on a
 cluster with the real trainer (tests/cluster/test_resilience.py).
 
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.runtime.loopback import WATCH, Job, loopback, wait_until
+from tests.runtime.loopback import NET, WATCH, Job, loopback, wait_until
 from tests.runtime.standin import trained
 from trainer.runtime import layout
 from trainer.runtime.job.record import EndState, JobRecord, Kind, Start
@@ -162,6 +163,27 @@ def test_a_node_cut_off_without_a_spare_is_waited_for_and_welcomed_back(loopback
     assert ways["n0"] == (Start.IN_PLACE, "") and ways["n1"] in (
         (Start.IN_PLACE, ""), (Start.STANDBY, "its trainer froze (attempt 0)")), ways
     exact(job, "n0", "n1")
+
+
+def test_a_lost_node_without_a_spare_leaves_the_world_and_the_job_goes_on_at_once_on_the_others(
+        loopback: Callable[..., Job]) -> None:
+    """3 nodes, no spare, min_nodes 2: the job restarts on the two left (no node_wait) and trains to the end."""
+    job = started(loopback, 3, node_wait=60.0, min_nodes=2)
+    job.lose("n1")
+    record = job.ended()
+    assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()
+    assert record.assignment == {"n0": 0, "n2": 1} and "n1" in record.lost and record.restarts == 1
+    assert record.world_urls == (f"{NET}.10", f"{NET}.12")
+    entry = record.attempts[1]
+    assert entry.cause is not None and (entry.cause.node, entry.cause.kind) == ("n1", Kind.LOST)
+    assert entry.stopped_at is not None and entry.started_at - entry.stopped_at < 5  # no wait for n1 (60 s)
+    [change] = record.world_changes
+    assert (change.attempt, change.left, change.before, change.after, change.cause) == (1, ("n1",), 3, 2, Kind.LOST)
+    assert change.at == entry.started_at
+    assert "n1 leaves the world, no spare taking its rank: 3 nodes -> 2" in job.log("n0")
+    resumed_from_a_checkpoint(job, "n0")
+    assert came(record) == {"n0": (Start.IN_PLACE, ""), "n2": (Start.IN_PLACE, "")}
+    exact(job, "n0", "n2")
 
 
 def test_the_hubs_node_lost_a_new_hub_waits_out_the_old_attempt_and_rank_0_moves_to_the_second_copy(
