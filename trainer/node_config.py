@@ -12,16 +12,16 @@ no copy of them::
 The description it rendered from is kept as ``DIR/launch.json`` (layout.DESCRIPTION_FILE), so the same files can be
 rendered again from it.
 The description (``JobSpec.from_json``): ``{"job_id", "port", "cpu_workers", "timeout_seconds" (0 keeps the
-experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version",
-"env_path" ("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace, hang_factor}, "restarts":
-{max_restarts, node_wait, in_place}, "stragglers": {threshold, window, action, cooldown}
-(trainer.runtime.job.straggler), "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...], "spares":
-[...]}``; a node is ``{"name", "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in rank order
-(rank 0 hosts the rendezvous); spares train only when one replaces a lost node. The description is read by the runtime's
-one schema check (trainer.runtime.schema, with defaults: a key left out takes its field's default): a key it does not
-know (at the top or nested, e.g. ``watch: heartbeat_timout``, with the nearest known one), a value of the wrong kind or
-a node name that is not one folder name is refused in one line naming it. Paths in the config are made absolute for each
-node: "~" and relative paths are in that node's home.
+experiment's), "resume", "overrides" (merged into the experiment), "jobs_dir", "code_root", "code_version", "env_path"
+("~" = the node's home), "watch": {heartbeat_timeout, startup_timeout, stop_grace, hang_factor}, "restarts":
+{max_restarts, node_wait, in_place, min_nodes (null: every trainer)}, "stragglers": {threshold, window, action,
+cooldown} (trainer.runtime.job.straggler), "omp_num_threads", "extra_env", "weights_table" (bool), "nodes": [...],
+"spares": [...]}``; a node is ``{"name", "ip", "gpus", "home", "iface", "devices" (ids or null)}``. The nodes are in
+rank order (rank 0 hosts the rendezvous); spares train only when one replaces a lost node. The description is read by
+the runtime's one schema check (trainer.runtime.schema, with defaults: a key left out takes its field's default): a key
+it does not know (at the top or nested, e.g. ``watch: heartbeat_timout``, with the nearest known one), a value of the
+wrong kind or a node name that is not one folder name is refused in one line naming it. Paths in the config are made
+absolute for each node: "~" and relative paths are in that node's home.
 
 Where the run goes: the config's LOG.BASE_PATH/EXP_NAME, on each node (rank 0 writes it; node rank 1 keeps a copy of
 the checkpoints). GluonCV's default EXP_NAME ``use_time`` becomes the job id, so launching the job again finds its
@@ -115,6 +115,8 @@ class JobSpec:
         if self.watch.hang_factor < MIN_HANG_FACTOR:
             raise ValueError(f"watch: hang_factor {self.watch.hang_factor:g} is below {MIN_HANG_FACTOR:g} (a slower "
                              "step would be taken for a hang)")
+        if self.restarts.fault(len(self.nodes)):
+            raise ValueError(self.restarts.fault(len(self.nodes)))
         names = [node.name for node in self.members]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:

@@ -70,15 +70,37 @@ def test_sample_inventory_is_valid() -> None:
          "ansible_user: trainer", "'../x': a node's inventory name names its folders on every node and its entry in "
          "~/.ssh/config; use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64; "
          "'node 1': a node's inventory name"),
+        ({"a": "{ansible_host: 127.0.0.2}", "b": "{ansible_host: 127.0.0.3}"},
+         "{ansible_user: trainer, vidcluster_min_nodes: 3}",
+         "vidcluster_min_nodes 3 is above the number of trainers (2): a job cannot train on more nodes than it has"),
+        ({"a": "{ansible_host: 127.0.0.2}", "b": "{ansible_host: 127.0.0.3}"},
+         "{ansible_user: trainer, vidcluster_min_nodes: 0}",
+         "vidcluster_min_nodes 0 is below 1 (the fewest nodes a job trains on)"),
+        ({"a": "{ansible_host: 127.0.0.2}", "b": "{ansible_host: 127.0.0.3}"},
+         "{ansible_user: trainer, vidcluster_min_nodes: two}",
+         "vidcluster_min_nodes 'two' is not an integer (the fewest nodes a job trains on, 1 to the 2 trainers)"),
     ],
     ids=["duplicate-address", "rank-gap", "rank-some", "dns-unresolvable", "root-user", "user-differs",
-         "gpus-duplicate-ids", "gpus-word", "port-out-of-range", "node-names"],
+         "gpus-duplicate-ids", "gpus-word", "port-out-of-range", "node-names", "min-nodes-above", "min-nodes-below",
+         "min-nodes-word"],
 )
 def test_each_broken_rule_is_named(tmp_path: Path, hosts: dict[str, str], group_vars: str, message: str) -> None:
     proc = run_playbook(VALIDATE, inventory=inventory(tmp_path, hosts, group_vars), check=False)
     assert proc.returncode != 0
     assert message in proc.stdout, proc.stdout[-3000:]
     assert "breaks the contract of inventory/README.md" in proc.stdout
+
+
+def test_min_nodes_is_the_groups_one_integer_and_unset_means_every_trainer() -> None:
+    nodes = [row("a", ansible_host="127.0.0.2"), row("b", ansible_host="127.0.0.3"),
+             row("s", ansible_host="127.0.0.4", spare=True)]
+    assert cluster_contract(nodes)["min_nodes"] is None
+    given = cluster_contract([{**r, "min_nodes": "1"} for r in nodes])  # -e extra vars arrive as strings
+    assert (given["min_nodes"], given["errors"]) == (1, [])
+    differs = cluster_contract([{**nodes[0], "min_nodes": 1}, {**nodes[1], "min_nodes": 2}])
+    assert differs["min_nodes"] is None
+    assert differs["errors"] == ["vidcluster_min_nodes differs between nodes (a=1, b=2); it is the job's: set it once "
+                                 "for the group cluster"]
 
 
 def test_empty_trainers_group_fails_clearly(tmp_path: Path) -> None:

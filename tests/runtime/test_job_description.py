@@ -40,7 +40,7 @@ def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: p
     code, err = render(tmp_path, DESCRIBED, capsys)
     assert code == 0, err
     plan = json.loads((tmp_path / "out" / "n1.plan.json").read_text())
-    assert plan["restarts"] == {"max_restarts": 5, "node_wait": 60.0, "in_place": True}
+    assert plan["restarts"] == {"max_restarts": 5, "node_wait": 60.0, "in_place": True, "min_nodes": None}
     assert plan["watch"] == {"heartbeat_timeout": 20.0, "startup_timeout": 300.0, "stop_grace": 15.0,
                              "hang_factor": 10.0}
 
@@ -60,6 +60,9 @@ def test_a_correct_description_renders_with_its_values(tmp_path: Path, capsys: p
     ({**DESCRIBED, "watch": {"hang_factor": 1.5}}, "watch: hang_factor 1.5 is below 2 (a slower step would be taken "
      "for a hang)"),
     ({**DESCRIBED, "weights_table": "yes"}, "weights_table: expected bool, got str 'yes'"),
+    ({**DESCRIBED, "restarts": {"min_nodes": 3}}, "restarts: min_nodes 3 must be between 1 and the job's 2 trainers"),
+    ({**DESCRIBED, "restarts": {"min_nodes": 0}}, "restarts: min_nodes 0 must be between 1 and the job's 2 trainers"),
+    ({**DESCRIBED, "restarts": {"min_nodes": "1"}}, "restarts: min_nodes: expected int, got str '1'"),
     ({k: v for k, v in DESCRIBED.items() if k != "port"}, "missing port"),
     (with_node(0, name="../x"), "nodes[0]: name '../x': use letters, digits"),
     (with_node(1, name="node 1"), "nodes[1]: name 'node 1': use letters, digits"),
@@ -106,7 +109,7 @@ def test_the_values_given_are_the_values_read() -> None:
     ({**DESCRIBED, "nodes": [{"name": "n0", "gpus": 0, "home": "/h"}]}, "job description: nodes[0]: missing ip"),
     ({**DESCRIBED, "watch": {"stop_grace": True}}, "job description: watch: stop_grace: expected float, got bool"),
     ({**DESCRIBED, "stragglers": {"action": "sometimes"}}, "job description: stragglers: action: 'sometimes' is not "
-     "one of auto, replace, report, off"),
+     "one of auto, replace, drop, report, off"),
     ({**DESCRIBED, "stragglers": {"treshold": 0.5}}, "job description: stragglers: unknown treshold (did you mean "
      "threshold?)"),
     ({**DESCRIBED, "extra_env": {"NCCL_DEBUG": 1}}, "job description: extra_env: NCCL_DEBUG: expected str, got int"),

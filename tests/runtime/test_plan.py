@@ -84,6 +84,8 @@ def test_the_plan_says_who_is_where_and_how_the_job_is_watched() -> None:
     assert plan.paths.env_python == "/opt/env/bin/python"
     assert (plan.watch.heartbeat_timeout, plan.watch.startup_timeout, plan.watch.stop_grace) == (20.0, 300.0, 4.0)
     assert (plan.restarts.max_restarts, plan.restarts.node_wait) == (5, 60.0)
+    assert plan.restarts.min_nodes is None and plan.min_nodes == 2  # unset: every trainer, the job never shrinks
+    assert plans(job(["/home/a", "/home/b", "/home/c"], restarts={"min_nodes": 2}))["n0"].min_nodes == 2
     assert plan.env["NCCL_DEBUG"] == "INFO" and plan.env["OMP_NUM_THREADS"] == "3"
     assert plan.env["VIDCLUSTER_WEIGHTS_TABLE"] == "/scratch/jobs/k400-a/n1/weights-table.json"
     assert (plan.port, plan.backend, plan.workers) == (29500, "gloo", 1)
@@ -103,6 +105,11 @@ def test_a_plan_reads_back_exactly_and_a_wrong_key_is_named(tmp_path: Path) -> N
     data["schema"] = 0
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="schema 0, this runtime reads schema 1"):
+        NodePlan.read(str(path))
+    data = json.loads(plan.to_json())
+    data["restarts"]["min_nodes"] = 3
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="restarts: min_nodes 3 must be between 1 and the job's 2 trainers"):
         NodePlan.read(str(path))
 
 

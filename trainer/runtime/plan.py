@@ -83,6 +83,12 @@ class Restarts:
     # (vidcluster_min_nodes); None: every trainer (the job never shrinks)
     min_nodes: int | None = None
 
+    def fault(self, trainers: int) -> str:
+        """Why these settings cannot be a job's of ``trainers`` nodes ('' when they can)."""
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= trainers:
+            return f"restarts: min_nodes {self.min_nodes} must be between 1 and the job's {trainers} trainers"
+        return ""
+
 
 @dataclass(frozen=True)
 class NodePlan:
@@ -106,10 +112,8 @@ class NodePlan:
             raise PlanError(f"schema {self.schema!r}, this runtime reads schema {SCHEMA} (launch again)")
         if self.node not in {m.name for m in self.members}:
             raise PlanError(f"node {self.node!r} is not among the job's members")
-        shrink_to = self.restarts.min_nodes
-        if shrink_to is not None and not 1 <= shrink_to <= len(self.trainers):
-            raise PlanError(f"restarts: min_nodes {shrink_to} must be between 1 and the job's {len(self.trainers)} "
-                            "trainers")
+        if self.restarts.fault(len(self.trainers)):
+            raise PlanError(self.restarts.fault(len(self.trainers)))
         self.timings  # noqa: B018 (refuses a watch that breaks the no-split rule, naming the rule)
 
     @property

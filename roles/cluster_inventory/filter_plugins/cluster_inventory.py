@@ -21,6 +21,9 @@ them, and whether the node is a spare) and returns the normalised cluster every 
   by playbooks/validate-inventory.yml: ``-u root`` passes this rule.)
 - spares (the group ``spares``) follow the same rules but have no ``node_rank``: they train only when one replaces
   a lost node. A node is a trainer or a spare, not both.
+- ``vidcluster_min_nodes`` (a group variable: the same on every node), when set, is an integer from 1 to the number
+  of trainers: the fewest nodes a job trains on once a lost node no spare can replace leaves the world
+  (trainer/runtime/job/policy.py); unset, every trainer (a job never shrinks).
 
 ``scheduler_contract`` decides how jobs reach the nodes, from every host of the groups ``trainers``, ``spares`` and
 ``slurm_submit``: ``vidcluster_scheduler`` is ``ssh`` (the default: the playbooks reach each node over SSH) or
@@ -149,11 +152,37 @@ def _ranks(rows: Sequence[Mapping[str, Any]], errors: list[str]) -> list[str]:
     return sorted(names, key=lambda name: ranks[name] or 0)
 
 
+def _min_nodes(rows: Sequence[Mapping[str, Any]], trainers: int, errors: list[str]) -> int | None:
+    """vidcluster_min_nodes as the rows give it, checked: an integer 1..``trainers``, or None (unset)."""
+    given = {str(row["name"]): row.get("min_nodes") for row in rows}
+    if len({json.dumps(value) for value in given.values()}) > 1:
+        listed = ", ".join(f"{name}={value}" for name, value in given.items())
+        errors.append(f"vidcluster_min_nodes differs between nodes ({listed}); it is the job's: set it once for the "
+                      "group cluster")
+        return None
+    value = next(iter(given.values()))
+    if value is None:
+        return None
+    number = int(value) if _is_int(value) or (isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value)) else None
+    if number is None:
+        errors.append(f"vidcluster_min_nodes {value!r} is not an integer (the fewest nodes a job trains on, 1 to "
+                      f"the {trainers} trainers)")
+    elif number < 1:
+        errors.append(f"vidcluster_min_nodes {number} is below 1 (the fewest nodes a job trains on)")
+    elif number > trainers:
+        errors.append(f"vidcluster_min_nodes {number} is above the number of trainers ({trainers}): a job cannot "
+                      "train on more nodes than it has")
+    else:
+        return number
+    return None
+
+
 def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "") -> dict[str, Any]:
     """Check the trainers' inventory rows and normalise them; see the module docstring for the rules.
 
-    Each row: ``{name, ansible_host, cluster_ip, node_rank, gpus, ansible_port, ansible_user, spare}`` (None =
-    unset). Returns ``{nodes: {name: node}, order, spares, members, root, user, errors}`` where a node is ``{name,
+    Each row: ``{name, ansible_host, cluster_ip, node_rank, gpus, ansible_port, ansible_user, min_nodes, spare}``
+    (None = unset). Returns ``{nodes: {name: node}, order, spares, members, root, user, min_nodes, errors}``
+    (``min_nodes`` None: every trainer) where a node is ``{name,
     rank, spare, ssh_host, port, ip, names, addresses, gpus, devices}``: ``rank`` None for a spare, ``ip`` the
     resolved cluster address, ``names`` every name and address peers may use for it (known_hosts, ssh config),
     ``addresses`` the IP addresses it connects from (authorized_keys from=), ``gpus`` the count or None (ask
@@ -162,7 +191,8 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
     """
     errors: list[str] = []
     if not [row for row in rows if not row.get("spare")]:
-        return {"nodes": {}, "order": [], "spares": [], "members": [], "root": "", "user": "", "errors": [
+        return {"nodes": {}, "order": [], "spares": [], "members": [], "root": "", "user": "", "min_nodes": None,
+                "errors": [
             "the inventory has no hosts in the group 'trainers' (see inventory/README.md)"]}
     nodes: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -207,7 +237,7 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
         nodes[name]["rank"] = rank
     spares = [str(row["name"]) for row in rows if row.get("spare")]
     return {"nodes": nodes, "order": order, "spares": spares, "members": order + spares, "root": order[0],
-            "user": user, "errors": errors}
+            "user": user, "min_nodes": _min_nodes(rows, len(order), errors), "errors": errors}
 
 
 SCHEDULERS = ("ssh", "slurm")
