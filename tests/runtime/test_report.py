@@ -7,9 +7,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tests.runtime.test_plan import job, plans
 from tests.runtime.test_records import a_record
 from trainer.runtime import report
-from trainer.runtime.job.record import End, EndState, Failure, JobRecord, Kind, NodeTimeline, Phase, Start
+from trainer.runtime.job.hub import new_record
+from trainer.runtime.job.record import (
+    Cause,
+    End,
+    EndState,
+    Failure,
+    JobRecord,
+    Kind,
+    NodeTimeline,
+    Phase,
+    Start,
+    WorldChange,
+)
 
 FAILED = {"state": "failed", "epoch": 3, "epochs": 30, "step": 121, "steps_per_epoch": 40,
           "message": "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer GLHF!"}
@@ -90,3 +103,25 @@ def test_every_attempts_timeline_is_said_phase_after_phase() -> None:
                                 end=End(EndState.FAILED, "n1 failed first: ...", None))
     message = report.end_report({"n0": {**status(ended, RUNNING), "state": "failed"}})["message"]
     assert f"  {lines[1]}" in message.splitlines()
+
+
+def test_a_world_that_shrank_is_said_in_the_follow_the_status_and_the_end() -> None:
+    launch = new_record(plans(job(["/home/a", "/home/b", "/home/c"]))["n0"], 1.7e9)
+    cause = Cause("n1", Kind.LOST, "it stopped answering the hub", 1.7e9 + 60, detected_at=1.7e9 + 64, detect_s=4.0,
+                  failed_step=120)
+    smaller = {"n0": 0, "n2": 1}
+    again = dataclasses.replace(launch.attempts[0], attempt=1, started_at=1.7e9 + 66, cause=cause, assignment=smaller)
+    change = WorldChange(attempt=1, at=1.7e9 + 66, left=("n1",), before=3, after=2, cause=Kind.LOST)
+    record = launch.changed(attempt=1, restarts=1, assignment=smaller, attempts=(*launch.attempts, again),
+                            world_changes=(change,))
+    assert JobRecord.read(record.to_json()) == record
+    said = "n1 left the world (lost, no spare): 3 nodes -> 2"
+    assert report.attempt_lines(record.to_json()) == [
+        f"attempt 1: n1 lost (it stopped answering the hub); detected after 4.0 s at step 120; {said}; "
+        "ranks n0=0, n2=1"]
+    world = "world: 2 of the launch's 3 nodes (n1 left at attempt 1)"
+    assert world in report.progress_line(status(record, RUNNING))
+    assert world in report.summary_lines(status(record, RUNNING))
+    ended = record.changed(phase=Phase.ENDED, end=End(EndState.FINISHED, "attempt 1 trained to the end", None))
+    end = report.end_report({"n0": {**status(ended, RUNNING), "state": "finished"}})
+    assert world in end["summary"] and said in end["restarts"][0]

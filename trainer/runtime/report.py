@@ -12,7 +12,17 @@ from typing import Any
 
 from trainer.runtime import schema
 from trainer.runtime.host.channel import PHASES
-from trainer.runtime.job.record import End, EndState, Goodput, JobRecord, NodeTimeline, Phase, RecordError
+from trainer.runtime.job.record import (
+    End,
+    EndState,
+    Goodput,
+    JobRecord,
+    Kind,
+    NodeTimeline,
+    Phase,
+    RecordError,
+    WorldChange,
+)
 from trainer.runtime.schema import SchemaError
 
 SHOWN_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")
@@ -140,6 +150,8 @@ def progress_line(status: Mapping[str, Any]) -> str:
         parts.append(f"{_attempt(record)}, after {cause.node} {cause.kind} (detected in {cause.detect_s:.1f} s)")
     if record is not None and record.stragglers:
         parts.append(straggler_words(record))
+    if record is not None and record.world_changes:
+        parts.append(world_words(record))
     watch = status.get("watch") or {}
     members = watch.get("members") or {}
     silent = silent_members(status)
@@ -153,20 +165,38 @@ def progress_line(status: Mapping[str, Any]) -> str:
 
 
 def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
-    """Every restart on record: number, cause, node, time to detect, steps lost."""
+    """Every restart on record: number, cause, node, time to detect, steps lost, the nodes that left the world."""
     if record is not None and not isinstance(record, JobRecord):
         record = record_of({"record": record})
     lines = []
+    changes = {change.attempt: change for change in record.world_changes} if record is not None else {}
     for entry in record.attempts[1:] if record is not None else ():
         cause = entry.cause
         if cause is None:
             continue
         lost = cause.failed_step
+        change = changes.get(entry.attempt)
         lines.append(
             f"attempt {entry.attempt}: {cause.node} {cause.kind} ({cause.reason}); detected after {cause.detect_s} s"
             + (f" at step {lost}" if lost is not None else "")
+            + (f"; {change_words(change)}" if change is not None else "")
             + "; ranks " + ", ".join(f"{node}={rank}" for node, rank in entry.assignment.items()))
     return lines
+
+
+def change_words(change: WorldChange) -> str:
+    """'n1 left the world (lost, no spare): 3 nodes -> 2'."""
+    why = "lost, no spare" if change.cause == Kind.LOST else "a straggler, dropped"
+    return f"{', '.join(change.left)} left the world ({why}): {change.before} nodes -> {change.after}"
+
+
+def world_words(record: JobRecord) -> str:
+    """'world: 2 of the launch's 3 nodes (n1 left at attempt 1)' ('' when it never changed)."""
+    if not record.world_changes:
+        return ""
+    launched = len(record.attempts[0].assignment)
+    left = "; ".join(f"{', '.join(c.left)} left at attempt {c.attempt}" for c in record.world_changes)
+    return f"world: {len(record.assignment)} of the launch's {launched} nodes ({left})"
 
 
 def _since(later: float | None, earlier: float | None) -> str:
@@ -259,8 +289,8 @@ def summary_lines(status: Mapping[str, Any]) -> list[str]:
     record = record_of(status)
     if record is None:
         return []
-    named = straggler_words(record)
-    return [*attempt_lines(record), *timeline_lines(record), *([named] if named else []),
+    named, world = straggler_words(record), world_words(record)
+    return [*attempt_lines(record), *timeline_lines(record), *([named] if named else []), *([world] if world else []),
             *goodput_lines(goodput_of(status))]
 
 
@@ -325,8 +355,8 @@ def end_report(states: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         first = record.first_failure
     lines = [f"The job {end.state if end else 'ended'}: {end.reason if end else 'no node knows why'}."]
     lines += [f"  {line}" for line in attempt_lines(record) + timeline_lines(record)]
-    named = straggler_words(record) if record is not None else ""
-    summary = ([named] if named else []) + goodput_lines(goodput_of(best))
+    said = [straggler_words(record), world_words(record)] if record is not None else []
+    summary = [line for line in said if line] + goodput_lines(goodput_of(best))
     lines += [f"  {line}" for line in summary]
     first_node = first.node if first is not None else ""
     others = [f"{name}: {describe(s)}" for name, s in states.items() if name != first_node]
