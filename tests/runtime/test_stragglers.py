@@ -20,6 +20,7 @@ from trainer.runtime.job.policy import decide
 from trainer.runtime.job.record import Attempt, Cause, Failure, Kind, Spent
 from trainer.runtime.job.straggler import Rules, Treatment
 from trainer.runtime.job.verdict import first_failure
+from trainer.runtime.report import straggler_words
 from trainer.runtime.watch.messages import TrainerState
 
 STEP_S = 0.05  # every node's time per step, unless slowed
@@ -122,6 +123,26 @@ def test_the_action_decides(rules: dict[str, Any], note: str) -> None:
     until_named(j, "n1", "n0", "n1", "n2")
     assert j.record.stragglers["n1"].note == note
     assert (j.record.phase == "stopping") == (note == "")
+
+
+def test_a_dropped_straggler_leaves_the_world_without_the_spare_down_to_min_nodes() -> None:
+    j = Paced(nodes=3, spares=1, action="drop", restarts={"min_nodes": 2})
+    everyone = ("n0", "n1", "n2", "n3")
+    j.tick(10, *everyone)
+    j.slow["n0"] = 3.0
+    until_named(j, "n0", *everyone)
+    assert j.record.phase == "stopping" and j.record.stragglers["n0"].replaced_by == ""
+    assert any(line.startswith("attempt 0: dropping straggler n0: every node checkpoints") for line in j.log), j.log
+    j.tick(2, *everyone)
+    assert j.record.attempt == 1 and j.record.assignment == {"n1": 0, "n2": 1}  # n3, the spare, stays idle
+    [change] = j.record.world_changes
+    assert (change.attempt, change.left, change.before, change.after, change.cause) == (1, ("n0",), 3, 2, Kind.SLOW)
+    assert j.record.stragglers["n0"].note == "left the world (straggler action drop)"
+    assert straggler_words(j.record).endswith(" s, left the world (straggler action drop)")
+    j.slow["n1"] = 3.0  # another drop would leave 1 node, below min_nodes: named, it trains on
+    until_named(j, "n1", *everyone)
+    assert j.record.phase == "running" and j.record.stragglers["n1"].note == (
+        "dropping it would leave 1 nodes, and the job trains on 2 at least (vidcluster_min_nodes)")
 
 
 def test_no_swap_flaps_one_per_node_and_a_cooldown_between_two() -> None:

@@ -244,8 +244,8 @@ def straggler_words(record: JobRecord) -> str:
     for node, named in record.stragglers.items():
         if named.replaced_by:
             what = f"replaced by {named.replaced_by}"
-        elif named.replaced_at is not None:
-            what = "being swapped at a checkpoint"
+        elif named.replaced_at is not None:  # dropped (its note says so), or its swap under way
+            what = named.note or "being swapped at a checkpoint"
         else:
             what = f"trains on ({named.note})" if named.note else "trains on"
         said.append(f"{node} at {named.pace:.2f}x the others' pace for {named.slow_for:.0f} s, {what}")

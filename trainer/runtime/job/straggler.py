@@ -134,7 +134,9 @@ def swapped(record: JobRecord, replaced: Mapping[str, str], left: Sequence[str])
     spare was left, or too few nodes)."""
     stragglers = {}
     for node, named in record.stragglers.items():
-        if named.replaced_at is not None and node in record.assignment and node not in left:
+        if named.replaced_at is not None and node in left:
+            named = dataclasses.replace(named, note="left the world (straggler action drop)")
+        elif named.replaced_at is not None and node in record.assignment:
             new = replaced.get(node, "")
             named = dataclasses.replace(named, replaced_by=new, replaced_at=named.replaced_at if new else None,
                                         note="" if new else "no spare was free when its attempt stopped")
