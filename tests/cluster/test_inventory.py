@@ -185,6 +185,8 @@ def test_a_slurm_site_is_its_login_host_and_its_settings(tmp_path: Path) -> None
                                 "account": "", "time": "1-2:30", "sbatch_extra": ["--qos=high"],
                                 "cpus_per_task": "all", "mem": "0", "gpus_per_task": False, "gpu_bind": "",
                                 "site_options": ["--exclusive", "--mem=0", "--qos=high"]}
+    assert checked["min_nodes"] is None
+    assert scheduler_contract([{**login_row(), "min_nodes": 1}])["min_nodes"] == 1  # of vidcluster_slurm_nodes 2
     gpu = scheduler_contract([login_row(vidcluster_slurm_gpus_per_node=8, vidcluster_slurm_partition="gpu")])
     assert gpu["slurm"]["site_options"] == ["--partition=gpu", "--gres=gpu:8", "--exclusive", "--mem=0"]
     # The sample passes the whole check where a playbook works on Slurm sites (its host is never connected to).
@@ -225,10 +227,11 @@ def test_a_slurm_site_is_its_login_host_and_its_settings(tmp_path: Path) -> None
          "a: vidcluster_scheduler 'pbs' is not one of ssh, slurm"),
         ([login_row(), {"name": "a", "group": "trainers", "scheduler": None, "slurm": {}}],
          "vidcluster_scheduler differs between hosts (login=slurm, a=ssh)"),
+        ([{**login_row(), "min_nodes": 3}], "vidcluster_min_nodes 3 is above the number of trainers (2)"),
     ],
     ids=["unknown-setting", "nodes-missing", "nodes-zero", "time-format", "signal-after-start", "owned-option",
          "option-with-newline", "partition-space", "root", "trainers-under-slurm", "submit-without-slurm",
-         "setting-without-slurm", "unknown-scheduler", "scheduler-differs"],
+         "setting-without-slurm", "unknown-scheduler", "scheduler-differs", "min-nodes-above-slurm-nodes"],
 )
 def test_each_broken_slurm_rule_is_named(rows: list[dict[str, Any]], message: str) -> None:
     errors = scheduler_contract(rows)["errors"]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.runtime.test_plan import job, plans
+from trainer.node_config import JobSpec
 from trainer.runtime import layout, schema
 from trainer.runtime.job.hub import new_record
 from trainer.runtime.job.record import End, EndState, Failure, JobRecord, Kind, Phase
@@ -145,3 +146,28 @@ def test_the_batch_script_asks_slurm_for_requeue_the_signal_and_every_node() -> 
                           '"ib0"}))')  # values as Python literals, never shell text
     with pytest.raises(SlurmError, match="has a space"):
         batch_script(login, "/home/u v/jobs/k400-a/login", options)
+
+
+def test_min_nodes_reaches_the_allocations_plans_and_not_the_login_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The login host renders the job as its one member (min_nodes left out); the batch script carries
+    vidcluster_min_nodes to the batch step, which gives it to the allocation's description: the world there shrinks
+    down to it rather than the job being requeued (trainer.runtime.job.policy)."""
+    login = plans(job(HOMES))["n0"]
+    options = {"trainers": 3, "spares": 0, "signal_seconds": 300, "min_nodes": 2}
+    script = batch_script(login, "/home/u/vidcluster/jobs/k400-a/login", options).splitlines()
+    assert script[-1].endswith('{"trainers": 3, "iface": "", "min_nodes": 2}))')
+    folder = tmp_path / "login"
+    folder.mkdir()
+    (folder / layout.PLAN_FILE).write_text(login.to_json())
+    (folder / layout.DESCRIPTION_FILE).write_text(json.dumps(
+        {"job_id": "k400-a", "port": 0, "nodes": [], "restarts": {"max_restarts": 5, "min_nodes": None}}))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURMD_NODENAME", "n0")
+    facts = [{"name": f"n{i}", "ip": "127.0.0.1", "gpus": 0, "home": "/home/u", "iface": "lo"} for i in range(3)]
+    described = Batch(str(folder), json.loads(script[-1].split(", ", 1)[1].removesuffix("))"))).description(facts)
+    assert described["restarts"] == {"max_restarts": 5, "min_nodes": 2}
+    assert plans(JobSpec.from_json({**described, "code_version": "abc"}))["n0"].min_nodes == 2
+    unset = batch_script(login, "/x", {**options, "min_nodes": None}).splitlines()[-1]
+    assert unset.endswith('{"trainers": 3, "iface": ""}))')  # every trainer: the job never shrinks

@@ -42,7 +42,8 @@ nodes from Slurm), the same on every host. Under ``slurm``:
   ``--gpus-per-task`` instead of ``--gres``, where the site wants that), ``vidcluster_slurm_gpu_bind`` (a
   ``--gpu-bind`` value, empty = none asked) and ``vidcluster_slurm_sbatch_extra`` (more ``#SBATCH`` options, one per
   item, none of those the launch or a setting owns) may be;
-- every ``vidcluster_slurm_*`` variable is one of these, and the same on every login host.
+- every ``vidcluster_slurm_*`` variable is one of these, and the same on every login host;
+- ``vidcluster_min_nodes`` follows the rule above with ``vidcluster_slurm_nodes`` trainers.
 
 Under ``ssh`` no host is in ``slurm_submit`` and no ``vidcluster_slurm_*`` variable is set: a setting is honoured or
 refused by name, never ignored.
@@ -370,7 +371,8 @@ def scheduler_contract(rows: Sequence[Mapping[str, Any]], controller_user: str =
     """How jobs reach the nodes (see the module docstring): ``{scheduler, submit, user, slurm, errors}``.
 
     Each row: ``{name, group ('trainers', 'spares' or 'slurm_submit'), scheduler (vidcluster_scheduler or None),
-    user (ansible_user or None), slurm: {every vidcluster_slurm_* variable the host has: value}}``. ``slurm`` holds
+    user (ansible_user or None), min_nodes (vidcluster_min_nodes or None), slurm: {every vidcluster_slurm_* variable
+    the host has: value}}``; under slurm ``min_nodes`` is checked against ``vidcluster_slurm_nodes``. ``slurm`` holds
     the checked settings without their prefix (nodes, gpus_per_node, spares, partition, account, time,
     signal_seconds, sbatch_extra) and the options every job of the site gets (``site_options``), ``submit`` the login
     hosts in inventory order, ``user`` the user jobs are submitted as (like the nodes' cluster user: one, not root).
@@ -397,7 +399,7 @@ def scheduler_contract(rows: Sequence[Mapping[str, Any]], controller_user: str =
             for key in sorted(set(row.get("slurm") or {}) & set(SLURM_DEFAULTS)):
                 errors.append(f"{row['name']}: {key} is set but vidcluster_scheduler is not slurm; set "
                               "vidcluster_scheduler: slurm, or remove it")
-        return {"scheduler": scheduler, "submit": [], "user": "", "slurm": {}, "errors": errors}
+        return {"scheduler": scheduler, "submit": [], "user": "", "slurm": {}, "min_nodes": None, "errors": errors}
     if not submit:
         errors.append("vidcluster_scheduler is slurm but the group slurm_submit (the login host(s) jobs are submitted "
                       "from) has no hosts")
@@ -417,7 +419,11 @@ def scheduler_contract(rows: Sequence[Mapping[str, Any]], controller_user: str =
     if user == "root":
         errors.append("ansible_user is root; submit jobs as the cluster's ordinary user")
     slurm = _slurm_settings({k: v for k, v in (given[0] if given else {}).items() if k in SLURM_DEFAULTS}, errors)
-    return {"scheduler": scheduler, "submit": submit, "user": user, "slurm": slurm, "errors": errors}
+    logins = [row for row in rows if row["group"] == "slurm_submit"]
+    trainers = slurm.get("nodes")
+    min_nodes = _min_nodes(logins, trainers, errors) if logins and isinstance(trainers, int) else None
+    return {"scheduler": scheduler, "submit": submit, "user": user, "slurm": slurm, "min_nodes": min_nodes,
+            "errors": errors}
 
 
 def job_id(given: Any, config: Any = "") -> dict[str, str]:

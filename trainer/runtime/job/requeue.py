@@ -9,8 +9,9 @@ In order:
    at the agreed step): requeue, as a preemption on the batch host; not counted;
 3. the step ended without an end on record (its supervisors were killed): requeue, as the batch host lost; counted,
    while restarts are left (``max_restarts``), else the job failed;
-4. the job failed with a node lost first (no spare in the allocation could take its rank): requeue, as that node
-   lost; counted, while restarts are left;
+4. the job failed with a node lost first (no spare in the allocation could take its rank, and fewer than
+   ``min_nodes`` would have been left: else the world shrank inside the allocation, trainer.runtime.job.policy):
+   requeue, as that node lost; counted, while restarts are left (the next allocation has every node again);
 5. otherwise the end on record stands (finished, a user's stop, a bad input, another failure, no restart left).
 An allocation whose batch host was lost took its batch step with it: Slurm requeued the job, and the next allocation
 counts it as a restart (``host_lost``).

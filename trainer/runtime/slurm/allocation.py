@@ -13,11 +13,13 @@ allocation.
                   the first node is rank 0 and the hub, nodes beyond the job's world size are its spares), continues
                   the job's record from the allocation before, and runs one supervisor per node in a second step
                   (srun --kill-on-bad-exit=0 --no-kill): the job's watch forms exactly as over SSH, and heals a crashed
-                  or frozen trainer, or a lost node where a spare can take its rank, inside the allocation. Once the
-                  job's end is on record and no trainer runs, the step is ended (srun would wait forever for a lost
-                  node's task), and the batch step decides: the end stands, or, for what the allocation cannot fix
-                  (a node lost with no spare, the time limit), Slurm requeues the job (``scontrol requeue``), whose
-                  next run resumes from the newest checkpoint with the same record, policy and counters.
+                  or frozen trainer, or a lost node where a spare can take its rank or where the nodes left are
+                  vidcluster_min_nodes at least (the world shrinks: trainer.runtime.job.policy), inside the
+                  allocation. Once the job's end is on record and no trainer runs, the step is ended (srun would wait
+                  forever for a lost node's task), and the batch step decides: the end stands, or, for what the
+                  allocation cannot fix (a node lost with no spare and too few left, the time limit), Slurm requeues
+                  the job (``scontrol requeue``), whose next run resumes from the newest checkpoint with the same
+                  record, policy and counters.
     slurm-facts   (a task of the first step) this node's facts for the renderer, one JSON line.
     slurm-member  (a task of the second step) this node's supervisor (trainer.runtime.watch.supervisor), its output in
     the
@@ -134,6 +136,7 @@ class Batch:
         self.login = NodePlan.read(posixpath.join(login_dir, layout.PLAN_FILE))
         self.jobs_root = posixpath.dirname(login_dir)
         self.trainers = int(settings["trainers"])
+        self.min_nodes: int | None = settings.get("min_nodes")  # vidcluster_min_nodes (None: every trainer)
         self.iface = str(settings.get("iface", ""))
         self.slurm_job = os.environ["SLURM_JOB_ID"]
         self.restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
@@ -166,11 +169,16 @@ class Batch:
             raise SlurmError(f"no facts came from {', '.join(missing)} (slurm-facts)")
         return [found[name] for name in names]
 
+    def description(self, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+        """The job's description for the renderer with the allocation's nodes (the login host's had itself alone)."""
+        described = read_json(posixpath.join(self.login_dir, DESCRIPTION_FILE))
+        return {**described, "port": free_port(nodes[0]["ip"]), "nodes": nodes[:self.trainers],
+                "spares": nodes[self.trainers:],
+                "restarts": {**described.get("restarts", {}), "min_nodes": self.min_nodes}}
+
     def render(self, nodes: list[dict[str, Any]]) -> Path:
         """Every member's config and plan, by the trainer's renderer, into render/<job>.<restart>/."""
-        description = {**read_json(posixpath.join(self.login_dir, DESCRIPTION_FILE)),
-                       "port": free_port(nodes[0]["ip"]), "nodes": nodes[:self.trainers],
-                       "spares": nodes[self.trainers:]}
+        description = self.description(nodes)
         out_dir = Path(self.login_dir) / RENDER_DIR / f"{self.slurm_job}.{self.restart}"
         proc = subprocess.run(
             [self.login.paths.env_python, *layout.SAFE_PATH, "-m", "trainer.node_config", "--config-file",

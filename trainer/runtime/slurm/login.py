@@ -93,7 +93,9 @@ def batch_script(login: NodePlan, login_dir: str, options: dict[str, Any]) -> st
              "--no-kill", f"--signal=B:USR1@{int(options['signal_seconds'])}",
              f"--output={posixpath.join(login_dir, BATCH_LOG)}", "--open-mode=append", f"--chdir={login_dir}",
              *([f"--time={options['time']}"] if options.get("time") else []), *options.get("site_options", [])]
-    settings = {"trainers": int(options["trainers"]), "iface": str(options.get("iface", ""))}
+    min_nodes = options.get("min_nodes")  # vidcluster_min_nodes; left out (None): every trainer
+    settings = {"trainers": int(options["trainers"]), "iface": str(options.get("iface", "")),
+                **({} if min_nodes is None else {"min_nodes": int(min_nodes)})}
     return "\n".join([
         f"#!{login.paths.env_python} -{''.join(flag.lstrip('-') for flag in layout.RUNTIME_FLAGS)}",
         *(f"#SBATCH {option}" for option in asked),
