@@ -16,7 +16,8 @@ Phases of an attempt:
               trainer that rejected its input and exits only now, after its peers parked, is named the cause).
               Then, if every trainer exited 0 (the stop, a user's or a preemption, came after the last step), the
               job finished; else the policy (trainer.runtime.job.policy) ends the job, restarts it, or waits;
-    waiting   for a lost node to come back (no spare), or for a majority of members to start the next attempt;
+    waiting   for a lost node to come back (no spare, and too few nodes would be left without it: min_nodes), or for
+              a majority of members to start the next attempt;
     ended     ``record.end`` says how.
 
 While an attempt runs the hub also scores every node's pace against the others' (trainer.runtime.job.pace) and names a

@@ -54,8 +54,7 @@ def same_way(a: Failure, b: Failure) -> bool:
     return a.node == b.node and a.kind == b.kind and a.rc == b.rc
 
 
-def _ranks_after(assignment: Mapping[str, int], replaced: Mapping[str, str],
-                 left: Sequence[str] = ()) -> dict[str, int]:
+def _ranks_after(assignment: Mapping[str, int], replaced: Mapping[str, str], left: Sequence[str]) -> dict[str, int]:
     ranks = {node: rank for node, rank in assignment.items() if node not in replaced and node not in left}
     deputy = next((node for node, rank in ranks.items() if rank == COPY_NODE_RANK), None)
     for old, new in replaced.items():
@@ -119,11 +118,10 @@ def decide(
             return Decision(Action.END, f"{said}, the same way as in the attempt before, and no spare can replace "
                             "it", end_state=EndState.FAILED)
     left = tuple(sorted(waiting + dropped, key=lambda n: assignment[n]))
-    if left and len(assignment) - len(left) < min_nodes:
-        dropped = []  # a straggler that cannot leave trains on
-        left = ()
+    if len(assignment) - len(left) >= min_nodes:
+        waiting = []  # they leave the world
     else:
-        waiting = []
+        left = ()  # too few would be left: the lost nodes are waited for, a straggler trains on
     if waiting:
         lost_words = "; ".join(f"{node} was lost ({lost[node]})" for node in waiting)
         fewer = "" if min_nodes >= len(assignment) else (

@@ -32,7 +32,7 @@ from trainer.runtime import schema
 from trainer.runtime.job.pace import Effort
 from trainer.runtime.schema import JsonObject
 
-SCHEMA = 2
+SCHEMA = 3  # 3: world_changes
 # The record every node makes from the plan before it hears a hub (trainer.runtime.job.hub.new_record).
 LAUNCH_VERSION = 1
 
