@@ -38,6 +38,13 @@ def ffmpeg(*args: str, data: bytes | None = None) -> bytes:
     return proc.stdout
 
 
+@pytest.fixture(autouse=True)
+def one_thread_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One OpenMP thread in every process a test starts (spawned ranks, trainers, their workers): torch would give
+    each all the cores, which the lane's two pytest workers and their ranks already share."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 @pytest.fixture
 def one_rank_group() -> Iterator[DistContext]:
     """A gloo process group of this process alone, for DDP on the CPU."""
