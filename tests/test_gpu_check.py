@@ -108,7 +108,8 @@ def test_a_stage_cut_short_keeps_every_outcome_it_got(tmp_path: Path) -> None:
             pass
     """))
     results = tmp_path / "tests.jsonl"
-    proc = subprocess.run(["timeout", "15", sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
+    # 6 s: pytest reaches test_hangs within a second; the rest of the limit is test_hangs waiting to be killed.
+    proc = subprocess.run(["timeout", "6", sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
                            "-p", "no:randomly", "-o", "addopts=", "--timeout=0", "-p", "tests.trainer._gpu_results",
                            "--gpu-results", str(results), "--rootdir", str(tmp_path), str(tmp_path / "test_stage.py")],
                           cwd=REPO, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip

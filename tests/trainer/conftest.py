@@ -21,6 +21,12 @@ from trainer.data.synthetic import dataset_settings
 from trainer.distributed import DistContext
 
 # Debian's ffmpeg encoder, fast settings; 8-frame GOPs so clips cross key frames. AV1 is what decord cannot open.
+# One intra-op thread for the torch work the tests do in this process: the lane runs two pytest workers on two
+# cores, where a second thread per worker only waits for a core (tests/trainer/test_weights.py alone: 28.8 s of CPU
+# with two threads, 21.6 s with one). Set here, once, since a test module's own setting would hold for every module
+# its worker runs.
+torch.set_num_threads(1)
+
 AV1 = ["-c:v", "libaom-av1", "-cpu-used", "8", "-row-mt", "1", "-g", "8", "-pix_fmt", "yuv420p"]
 
 
@@ -30,6 +36,13 @@ def ffmpeg(*args: str, data: bytes | None = None) -> bytes:
     if proc.returncode != 0:
         raise AssertionError(f"ffmpeg {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
     return proc.stdout
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One OpenMP thread in every process a test starts (spawned ranks, trainers, their workers): torch would give
+    each all the cores, which the lane's two pytest workers and their ranks already share."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture

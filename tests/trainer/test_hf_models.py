@@ -43,8 +43,6 @@ TENSOR = {"videomae_base": "videomae.encoder.layer.1.attention.output.dense.weig
           "timesformer_base": "timesformer.encoder.layer.1.output.dense.weight",
           "vjepa2_vitl": "vjepa2.encoder.layer.1.mlp.fc2.weight"}
 
-torch.set_num_threads(2)
-
 
 def save_checkpoint(folder: Path, name: str, num_labels: int) -> Path:
     """A tiny random checkpoint of ``name``'s family with its processor, both saved by transformers."""

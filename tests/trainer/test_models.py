@@ -17,8 +17,6 @@ from tests.trainer.reference_models import randomise_bn_and_head
 from trainer.models import build_model, list_models, registry
 from trainer.models.blocks import Bottleneck
 
-torch.set_num_threads(1)
-
 TINY_MODELS = ["slowfast_tiny", "i3d_tiny", "slow_tiny", "r2plus1d_tiny"]
 
 

@@ -29,8 +29,6 @@ from trainer.data.transforms import IMAGENET_MEAN, eval_crop, normalize
 from trainer.models import build_model
 from trainer.weights import zoo
 
-torch.set_num_threads(2)
-
 
 class Mirror:
     """A directory laid out like the weights cache, served over HTTP on 127.0.0.1 (counts the requests)."""

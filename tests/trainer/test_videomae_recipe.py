@@ -41,8 +41,6 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "configs" / "videomae_base_k400_finetune.yaml"
 CLASSES = 4
 
-torch.set_num_threads(2)
-
 
 def tiny_cfg(train: dict[str, Any] | None = None, model: str = "videomae_small", **data: Any) -> Any:
     data = {"NUM_CLASSES": CLASSES, "CLIP_LEN": FRAMES, "CROP_SIZE": SIZE, **data}

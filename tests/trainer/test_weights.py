@@ -24,8 +24,6 @@ from trainer.models import build_model
 from trainer.weights import WeightsError, load_weights, read_weights
 from trainer.weights.mapping import source_names_for
 
-torch.set_num_threads(2)
-
 
 def clip(frames: int, size: int = 32, seed: int = 0) -> torch.Tensor:
     return torch.randn(1, 3, frames, size, size, generator=torch.Generator().manual_seed(seed))
