@@ -79,7 +79,7 @@ from trainer.model_setup import apply_training_controls, build_model_from_config
 from trainer.pace import StepClock
 from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
-from trainer.resume import EpochProgress, load_resume_state, set_rng_state
+from trainer.resume import EpochProgress, load_resume_state, rng_state, set_rng_state
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
 from trainer.runtime.host.channel import Join
 from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
@@ -169,18 +169,24 @@ class Continuation:
 
 @dataclass
 class Position:
-    """Where training stands after an optimizer step: the epoch, its starting LR (None: not begun) and this rank's
-    tally then (a copy: the step in progress adds to the live one)."""
+    """Where training stands after an optimizer step: the epoch, its starting LR (None: not begun), and this rank's
+    number, tally (a copy: the step in progress adds to the live one) and RNG states then."""
 
     step: int
     epoch: int
     lr: float | None
+    rank: int
     tally: EpochTally
+    rng: dict[str, Any]
 
     @classmethod
-    def after(cls, step: int, epoch: int, lr: float | None, tally: EpochTally) -> Position:
+    def after(cls, ctx: DistContext, step: int, epoch: int, lr: float | None, tally: EpochTally) -> Position:
         copy = EpochTally(tally.sums.clone(), tally.clips, tally.batches, list(tally.bad), list(tally.fallback))
-        return cls(step, epoch, lr, copy)
+        return cls(step, epoch, lr, ctx.rank, copy, rng_state(ctx.device))
+
+    def key(self) -> tuple[int, int, bool]:
+        """What every rank's memory must agree on."""
+        return self.step, self.epoch, self.lr is None
 
 
 @dataclass
@@ -358,7 +364,10 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
             model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
     PROCESS.mark("checkpoint")
     raw_model = model
-    model = wrap_ddp(model, ctx, cfg)
+    own_buffers = [buffer.clone() for buffer in model.buffers()] if memory is not None else []
+    model = wrap_ddp(model, ctx, cfg)  # every rank takes rank 0's parameters and buffers
+    if memory is not None:
+        restore_buffers(raw_model, ctx, own_buffers, memory.position.rank)
 
     lr = effective_lr(cfg, recipe.global_batch)
     optimizer = build_optimizer(cfg, raw_model, lr)
@@ -405,11 +414,26 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
 
 
 def agreed_memory(ctx: DistContext, kept: Kept | None) -> Memory | None:
-    """Every rank: this rank's memory when every rank of the attempt holds one of the same step (min == max), else
+    """Every rank: this rank's memory when every rank of the attempt holds one of the same step (and epoch), else
     None on every rank (then the checkpoint every rank agrees on is loaded: trainer.resume)."""
     memory = kept.memory if kept is not None else None
-    steps = all_gather_object(memory.position.step if memory is not None else -1)
-    return memory if min(steps) == max(steps) >= 0 else None
+    keys = all_gather_object(memory.position.key() if memory is not None else None)
+    return memory if None not in keys and len(set(keys)) == 1 else None
+
+
+def restore_buffers(model: nn.Module, ctx: DistContext, own: list[torch.Tensor], old_rank: int) -> None:
+    """Every rank, going on from memory: the buffers (BatchNorm statistics, each rank's own during an epoch) of the rank
+    of its number in the attempt before (ranks may have been handed out anew), so the run goes on as uninterrupted; in
+    another world, those of the lowest rank left (the nearest to rank 0's, which the epoch's end gives every rank)."""
+    holders = all_gather_object(old_rank)
+    same_world = sorted(holders) == list(range(ctx.world_size))
+    wanted = range(ctx.world_size) if same_world else [min(holders)]
+    for old in wanted:
+        src = holders.index(old)
+        sent = broadcast_object([buffer.cpu() for buffer in own] if ctx.rank == src else None, src=src)
+        if ctx.rank == old or not same_world:
+            for buffer, value in zip(model.buffers(), sent, strict=True):
+                buffer.copy_(value)
 
 
 def run_recipe(cfg: Config, ctx: DistContext, kept: Kept | None, resume: dict[str, Any] | None) -> Recipe:
@@ -451,9 +475,13 @@ def go_on_from_memory(ctx: DistContext, state: TrainState, memory: Memory, epoch
     state.step = position.step
     if position.lr is None:  # the epoch had not begun
         return position.epoch, memory.best_top1, None
-    done = step_in_epoch(position.step, epoch_steps, position.epoch)
-    return position.epoch, memory.best_top1, Continuation(position.lr, position.tally,
-                                                          done * accumulation.micro_batches, None)
+    parts = sorted(all_gather_object((position.rank, {"tally": position.tally.record(), "rng": position.rng})),
+                   key=lambda part: part[0])
+    ranks = [part for _, part in parts]
+    if [rank for rank, _ in parts] != list(range(ctx.world_size)):  # another world: no rank's state is another's
+        ranks = [{"tally": part["tally"]} for part in ranks]
+    progress = EpochProgress(position.epoch, position.tally.batches, position.lr, ranks)
+    return position.epoch, memory.best_top1, continuation(progress, ctx, position.step, epoch_steps, accumulation)
 
 
 def checkpoint_continuation(resume: dict[str, Any], ctx: DistContext, recipe: Recipe, epoch_steps: list[int],
@@ -462,13 +490,20 @@ def checkpoint_continuation(resume: dict[str, Any], ctx: DistContext, recipe: Re
     as this attempt has: each rank's own tally and RNG states; else (an elastic job, trainer.elastic) rank 0 takes
     every rank's sums, and the pass starts after the steps done, in this world's micro-batches."""
     progress = EpochProgress.of(resume, ctx, elastic=RECIPE_WORLD_KEY in resume)
-    if progress is None:
-        return None
-    if len(progress.ranks) == ctx.world_size:
+    return None if progress is None else continuation(progress, ctx, resume["step"], epoch_steps, accumulation)
+
+
+def continuation(progress: EpochProgress, ctx: DistContext, step: int, epoch_steps: list[int],
+                 accumulation: Accumulation) -> Continuation:
+    """This rank's part of where the epoch stood at ``step`` on every rank (a checkpoint's, or the ranks' memory):
+    the rank of the same number's tally and RNG states when the world is the same (the run goes on as uninterrupted);
+    in another world rank 0 takes every rank's sums, the RNG states are set from the run's history, and the pass
+    starts after the steps done, in this world's micro-batches (trainer.elastic)."""
+    if len(progress.ranks) == ctx.world_size and "rng" in progress.ranks[ctx.rank]:
         mine = progress.ranks[ctx.rank]
         return Continuation(progress.lr, EpochTally.from_record(mine["tally"], ctx.device), progress.batches,
                             mine["rng"])
-    done = step_in_epoch(resume["step"], epoch_steps, progress.epoch)
+    done = step_in_epoch(step, epoch_steps, progress.epoch)
     return Continuation(progress.lr, progress.merged_tally(ctx), done * accumulation.micro_batches, None)
 
 
@@ -505,7 +540,7 @@ def run_epoch(run: Run, epoch: int) -> None:
         epoch_lr, tally = run.progress.lr, run.progress.start(ctx, cfg, epoch, state.step)
         skip_batches(run.train_loader, run.progress.batches)
         run.progress = None
-    run.position = Position.after(state.step, epoch, epoch_lr, tally)
+    run.position = Position.after(ctx, state.step, epoch, epoch_lr, tally)
     metrics: dict[str, object] = {"lr": epoch_lr}
     metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter, tally,
                                    functools.partial(after_step, run, epoch, epoch_lr), run.accumulation))
@@ -543,7 +578,7 @@ def run_epoch(run: Run, epoch: int) -> None:
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
-    run.position = Position.after(state.step, done, None, EpochTally.start(ctx.device))  # its record is written
+    run.position = Position.after(ctx, state.step, done, None, EpochTally.start(ctx.device))  # its record is written
     if save or is_best:
         with state.clock.stalled():
             submit_checkpoint(run, done, metrics, is_best=is_best)
@@ -563,7 +598,7 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     """What every rank does after an optimizer step: agree on a checkpoint or a stop (one all-reduce), report the
     step, record a restarted attempt after its first step."""
     state = run.state
-    run.position = Position.after(state.step, epoch, epoch_lr, tally)
+    run.position = Position.after(run.ctx, state.step, epoch, epoch_lr, tally)
     if run.samples is not None:
         log_samples(run.samples, state.step, epoch, run.ctx, tally.step_samples)
     with state.clock.waiting():
@@ -586,7 +621,8 @@ def log_samples(path: Path, step: int, epoch: int, ctx: DistContext, samples: li
     """LOG.SAMPLE_LOG: a line of this rank's sample log, the dataset indices optimizer step ``step`` (1-based) of
     ``epoch`` (0-based) trained here."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"step": step, "epoch": epoch, "rank": ctx.rank, "world": ctx.world_size, "samples": samples}
+    record = {"step": step, "epoch": epoch, "attempt": PROCESS.attempt, "rank": ctx.rank, "world": ctx.world_size,
+              "samples": samples}
     with path.open("a") as file:
         file.write(json.dumps(record) + "\n")
 

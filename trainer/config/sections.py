@@ -527,7 +527,7 @@ class LogConfig(_Section):
     )
     LOG_FILENAME: str = Field("log.txt", description="Log file name in the run directory.")
     SAMPLE_LOG: bool = Field(
-        False, description="Every rank appends, after each optimizer step, a JSON line with the step, epoch, its rank, "
-        "the world size and the dataset indices the step trained on it, to samples/rank<R>.jsonl in the run "
-        "directory: what shows each sample trained once per epoch, across changes of world (trainer.elastic)."
+        False, description="Every rank appends, after each optimizer step, a JSON line with the step, epoch, "
+        "attempt, its rank, the world size and the dataset indices the step trained on it, to samples/rank<R>.jsonl "
+        "in the run directory: what shows each sample trained once per epoch, across world changes (trainer.elastic)."
     )
