@@ -170,23 +170,24 @@ class Continuation:
 @dataclass
 class Position:
     """Where training stands after an optimizer step: the epoch, its starting LR (None: not begun), and this rank's
-    number, tally (a copy: the step in progress adds to the live one) and RNG states then."""
+    number and world size, tally (a copy: the step in progress adds to the live one) and RNG states then."""
 
     step: int
     epoch: int
     lr: float | None
     rank: int
+    world: int
     tally: EpochTally
     rng: dict[str, Any]
 
     @classmethod
     def after(cls, ctx: DistContext, step: int, epoch: int, lr: float | None, tally: EpochTally) -> Position:
         copy = EpochTally(tally.sums.clone(), tally.clips, tally.batches, list(tally.bad), list(tally.fallback))
-        return cls(step, epoch, lr, ctx.rank, copy, rng_state(ctx.device))
+        return cls(step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device))
 
-    def key(self) -> tuple[int, int, bool]:
+    def key(self) -> tuple[int, int, bool, int]:
         """What every rank's memory must agree on."""
-        return self.step, self.epoch, self.lr is None
+        return self.step, self.epoch, self.lr is None, self.world
 
 
 @dataclass
@@ -365,9 +366,9 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
     PROCESS.mark("checkpoint")
     raw_model = model
     own_buffers = [buffer.clone() for buffer in model.buffers()] if memory is not None else []
-    model = wrap_ddp(model, ctx, cfg)  # every rank takes rank 0's parameters and buffers
+    model = wrap_ddp(model, ctx, cfg, accumulation.micro_batches)  # every rank takes rank 0's parameters and buffers
     if memory is not None:
-        restore_buffers(raw_model, ctx, own_buffers, memory.position.rank)
+        restore_buffers(raw_model, ctx, own_buffers, memory.position)
 
     lr = effective_lr(cfg, recipe.global_batch)
     optimizer = build_optimizer(cfg, raw_model, lr)
@@ -421,12 +422,12 @@ def agreed_memory(ctx: DistContext, kept: Kept | None) -> Memory | None:
     return memory if None not in keys and len(set(keys)) == 1 else None
 
 
-def restore_buffers(model: nn.Module, ctx: DistContext, own: list[torch.Tensor], old_rank: int) -> None:
+def restore_buffers(model: nn.Module, ctx: DistContext, own: list[torch.Tensor], position: Position) -> None:
     """Every rank, going on from memory: the buffers (BatchNorm statistics, each rank's own during an epoch) of the rank
     of its number in the attempt before (ranks may have been handed out anew), so the run goes on as uninterrupted; in
     another world, those of the lowest rank left (the nearest to rank 0's, which the epoch's end gives every rank)."""
-    holders = all_gather_object(old_rank)
-    same_world = sorted(holders) == list(range(ctx.world_size))
+    holders = all_gather_object(position.rank)
+    same_world = position.world == ctx.world_size  # the same on every rank: agreed_memory
     wanted = range(ctx.world_size) if same_world else [min(holders)]
     for old in wanted:
         src = holders.index(old)
@@ -478,7 +479,7 @@ def go_on_from_memory(ctx: DistContext, state: TrainState, memory: Memory, epoch
     parts = sorted(all_gather_object((position.rank, {"tally": position.tally.record(), "rng": position.rng})),
                    key=lambda part: part[0])
     ranks = [part for _, part in parts]
-    if [rank for rank, _ in parts] != list(range(ctx.world_size)):  # another world: no rank's state is another's
+    if position.world != ctx.world_size:  # another world: no rank's state is another's
         ranks = [{"tally": part["tally"]} for part in ranks]
     progress = EpochProgress(position.epoch, position.tally.batches, position.lr, ranks)
     return position.epoch, memory.best_top1, continuation(progress, ctx, position.step, epoch_steps, accumulation)

@@ -88,7 +88,7 @@ class Node:
 
     def start(self, rank: int, port: int, urls: tuple[str, ...]) -> subprocess.Popen[str]:
         options = ["DDP_CONFIG.DISTRIBUTED", "True", "DDP_CONFIG.WORLD_SIZE", str(len(urls)),
-                   "DDP_CONFIG.TIMEOUT_SECONDS", str(COLLECTIVE_TIMEOUT_S),
+                   "DDP_CONFIG.TIMEOUT_SECONDS", str(COLLECTIVE_TIMEOUT_S), "CONFIG.DATA.DECODE_TIME_LIMIT", "5",
                    *channel.attempt_overrides(rank, f"tcp://127.0.0.1:{port}", urls)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainer.train", "--config-file", str(self.cfg), *options], cwd=REPO,
@@ -135,6 +135,8 @@ def test_a_rank_lost_mid_epoch_the_survivors_go_on_from_memory_on_2_ranks_with_t
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
+    for rank, (_, _, err) in enumerate(codes):
+        (tmp_path / f"stderr{rank}.txt").write_text(err)
     assert [code for code, _, _ in codes] == [0, 0], [err[-3000:] for _, _, err in codes]
     output = codes[0][1] + codes[0][2]
     assert "continued from memory at step" in output, output[-3000:]
