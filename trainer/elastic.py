@@ -15,7 +15,8 @@ positions. In a world of another size, step s's G positions are dealt to its ran
 order depends only on the seed, and who trains which sample only on the world history.
 
 The rule when G does not divide evenly over the new world: uneven shares (a rank one sample more than another, and
-micro-batches of uneven size, some empty when a share is smaller than the number of micro-batches), each sample's
+micro-batches of uneven size, some empty when a share is smaller than the number of micro-batches, or than one in
+a world larger than the global batch: an empty one is a placeholder forward of weight 0), each sample's
 loss weighted by W' / G (``Accumulation.scale``): DDP averages the W' ranks' gradients, so the step's gradient is the
 mean over the G samples, as in the recipe. Refusing such a world instead would stop a job that can go on, and a larger
 per-rank batch would change the memory a rank needs: accumulation keeps BATCH_SIZE, so what fits on a GPU still fits.
@@ -31,8 +32,6 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.errors import UserError
-
 
 @dataclass(frozen=True)
 class Recipe:
@@ -47,11 +46,8 @@ class Recipe:
         return self.world * self.batch * self.accum
 
     def micro_batches(self, world: int) -> int:
-        """Micro-batches per rank and optimizer step in a world of ``world`` processes, the global batch kept."""
-        if world > self.global_batch:
-            raise UserError(f"a world of {world} processes is larger than the global batch {self.global_batch} "
-                            f"(BATCH_SIZE x ACCUM_STEPS x the launch's {self.world} processes): some ranks would train "
-                            "nothing")
+        """Micro-batches per rank and optimizer step in a world of ``world`` processes, the global batch kept (in a
+        world larger than the global batch some ranks' shares are empty: one empty micro-batch each)."""
         return math.ceil(math.ceil(self.global_batch / world) / self.batch)
 
     def accumulation(self, world: int) -> Accumulation:

@@ -61,7 +61,7 @@ class EpochTally:
     batches: int = 0  # micro-batches consumed (a resumed pass skips these)
     bad: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of skipped videos
     fallback: list[tuple[str, str]] = field(default_factory=list)  # DECODER auto: read with torchcodec
-    step_samples: list[int] = field(default_factory=list)  # dataset indices the step in progress trained (not saved)
+    step_samples: list[int] = field(default_factory=list)  # LOG.SAMPLE_LOG: what the step in progress trained
 
     @classmethod
     def start(cls, device: torch.device) -> EpochTally:
@@ -186,7 +186,8 @@ def train_one_epoch(
             n = len(labels)
             tally.sums += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double()])
             tally.clips += n
-            tally.step_samples.extend(batch["index"].tolist())
+            if cfg.CONFIG.LOG.SAMPLE_LOG:
+                tally.step_samples.extend(batch["index"].tolist())
             step_clips += n
         if last:
             lr = schedule_lr(state.optimizer)  # the LR this step used (the scheduler moves on below)

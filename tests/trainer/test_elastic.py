@@ -13,7 +13,6 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data.loader import ElasticBatches, ResumableBatches
 from trainer.elastic import Recipe, epoch_order, epoch_steps, rank_micro_batches, split
-from trainer.errors import UserError
 
 
 def recipe_micro_batches(length: int, seed: int, epoch: int, world: int, batch: int, drop_last: bool
@@ -87,9 +86,12 @@ def test_each_sample_weighs_one_over_the_global_batch_and_the_recipes_own_rule_i
     assert per_rank / 2 == pytest.approx(9 / 18)  # DDP's mean over 2 ranks of each rank's weighted mean-of-ones
 
 
-def test_a_world_larger_than_the_global_batch_is_refused_by_name() -> None:
-    with pytest.raises(UserError, match="world of 7 processes is larger than the global batch 6"):
-        Recipe(3, 2, 1).micro_batches(7)
+def test_in_a_world_larger_than_the_global_batch_a_rank_left_without_a_share_has_an_empty_micro_batch() -> None:
+    recipe = Recipe(3, 2, 1)
+    assert recipe.micro_batches(7) == 1
+    dealt = [rank_micro_batches(list(range(6)), recipe, 7, rank) for rank in range(7)]
+    assert dealt == [[[0]], [[1]], [[2]], [[3]], [[4]], [[5]], [[]]]
+    assert float(recipe.accumulation(7).scale(torch.tensor(1.0), 0)) == 0.0
 
 
 def test_the_loader_deals_the_rest_of_the_epoch_from_the_step_where_it_stopped() -> None:
