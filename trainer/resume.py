@@ -129,12 +129,6 @@ class EpochProgress:
                 tally.fallback.extend(part.fallback)
         return tally
 
-    def restore(self, ctx: DistContext) -> EpochTally:
-        """This rank's tally, and its RNG states set as they were at the checkpoint."""
-        mine = self.ranks[ctx.rank]
-        set_rng_state(mine["rng"], ctx.device)
-        return EpochTally.from_record(mine["tally"], ctx.device)
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Which checkpoint
