@@ -95,10 +95,12 @@ def prepare_model(model: nn.Module, cfg: Config) -> nn.Module:
     return model.to(memory_format=memory_format(cfg))
 
 
-def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
+def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config, micro_batches: int | None = None) -> nn.Module:
     """DistributedDataParallel as described above (the model itself when not distributed; sharded in place under
-    SHARDING fsdp2), then torch.compile when COMPILE is on."""
+    SHARDING fsdp2), then torch.compile when COMPILE is on. ``micro_batches``: of an optimizer step, ACCUM_STEPS
+    unless said (an elastic job in another world: trainer.elastic); a static graph only without no_sync."""
     train = cfg.CONFIG.TRAIN
+    micro_batches = train.ACCUM_STEPS if micro_batches is None else micro_batches
     if ctx.distributed and uses_fsdp2(cfg):
         model = shard_model(model, ctx, cfg)
     elif ctx.distributed:
@@ -107,7 +109,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, cfg: Config) -> nn.Module:
             model,
             device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             find_unused_parameters=find_unused,
-            static_graph=not find_unused and train.ACCUM_STEPS == 1 and not train.COMPILE,
+            static_graph=not find_unused and micro_batches == 1 and not train.COMPILE,
             gradient_as_bucket_view=True,
             bucket_cap_mb=train.DDP_BUCKET_CAP_MB,
             **DDP_NO_FORWARD_BUFFER_SYNC,  # rank 0's BatchNorm statistics reach every rank after each epoch instead

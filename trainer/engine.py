@@ -29,6 +29,7 @@ from trainer.config import Config
 from trainer.data.mixup import BatchMixer
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, any_rank
+from trainer.elastic import Accumulation
 from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
 from trainer.runtime.watch.messages import COMPUTE, DATA
@@ -60,6 +61,7 @@ class EpochTally:
     batches: int = 0  # micro-batches consumed (a resumed pass skips these)
     bad: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of skipped videos
     fallback: list[tuple[str, str]] = field(default_factory=list)  # DECODER auto: read with torchcodec
+    step_samples: list[int] = field(default_factory=list)  # LOG.SAMPLE_LOG: what the step in progress trained
 
     @classmethod
     def start(cls, device: torch.device) -> EpochTally:
@@ -141,12 +143,15 @@ def _forward_loss(
 
 def train_one_epoch(
     model: nn.Module, loader: Any, state: TrainState, ctx: DistContext, cfg: Config, epoch: int, reporter: Reporter,
-    tally: EpochTally, after_step: StepCallback,
+    tally: EpochTally, after_step: StepCallback, accumulation: Accumulation | None = None,
 ) -> dict[str, float]:
     """Train the rest of an epoch (all of it, unless ``tally`` comes from a mid-epoch checkpoint and the loader skips
     what it counted); returns train_loss and train_top1 (averages over all ranks' clips; top-1 against each clip's
-    own label, mixed or not) and train_clips."""
+    own label, mixed or not) and train_clips. ``accumulation``: how a step is made of micro-batches in a world other
+    than the launch's (trainer.elastic); by default ACCUM_STEPS, each loss divided by it."""
     train = cfg.CONFIG.TRAIN
+    if accumulation is None:
+        accumulation = Accumulation(train.ACCUM_STEPS, None, 0)
     model.train()
     criterion = nn.CrossEntropyLoss(label_smoothing=train.LABEL_SMOOTHING)
     mixer = BatchMixer.from_config(cfg)
@@ -158,7 +163,7 @@ def train_one_epoch(
     state.optimizer.zero_grad(set_to_none=True)
     clock = state.clock
     clock.epoch_start()
-    batches = _micro_batches(model, loader, train.ACCUM_STEPS, ctx, f"epoch {epoch + 1}", tally.batches)
+    batches = _micro_batches(model, loader, accumulation.micro_batches, ctx, f"epoch {epoch + 1}", tally.batches)
     heartbeat.at(DATA)
     for batch, last, end, sync in batches:
         clock.batch_ready()
@@ -175,12 +180,14 @@ def train_one_epoch(
         mix = functools.partial(mixer, key=(ctx.rank, epoch, tally.batches)) if mixer is not None else None
         with sync:
             loss, logits, labels = _forward_loss(model, batch, criterion, cfg, ctx, normalizer, placeholder, mix)
-            state.scaler.scale(loss / train.ACCUM_STEPS).backward()
+            state.scaler.scale(accumulation.scale(loss, 0 if placeholder else len(batch["label"]))).backward()
         clock.backward_done()
         if logits is not None:
             n = len(labels)
             tally.sums += torch.stack([loss.detach().double() * n, topk_correct(logits, labels, 1).double()])
             tally.clips += n
+            if cfg.CONFIG.LOG.SAMPLE_LOG:
+                tally.step_samples.extend(batch["index"].tolist())
             step_clips += n
         if last:
             lr = schedule_lr(state.optimizer)  # the LR this step used (the scheduler moves on below)
@@ -190,6 +197,7 @@ def train_one_epoch(
             after_step(tally, step_clips, end)
             clock.step_done()
             step_clips = 0
+            tally.step_samples.clear()
         heartbeat.at(DATA)
     stats = torch.cat([tally.sums, torch.tensor([tally.clips], device=ctx.device, dtype=torch.float64)])
     all_reduce_sum(stats)

@@ -96,17 +96,20 @@ def attempt_from_env() -> dict[str, Any] | None:
     return attempt
 
 
-def attempt_record(attempt: dict[str, Any], resumed_step: int, first_step_at: float) -> dict[str, Any]:
+def attempt_record(attempt: dict[str, Any], resumed_step: int, first_step_at: float, resumed_from: str = ""
+                   ) -> dict[str, Any]:
     """metrics.jsonl's record of a restarted attempt, once its first optimizer step is done: what failed, where,
     how long the failure took to notice (detect_s) and training to resume (restart_s: from detection to that first
     step, unix time: the node clocks must agree), and the steps trained again (null when the failed step is not
     known). The failed step is the last one rank 0 had reported when the hub named the failure; after a stop where
     every rank checkpointed at its next step (a preemption, a straggler's swap) the attempt resumes past it, and
-    nothing was trained twice."""
+    nothing was trained twice. ``resumed_from``: "memory" when every rank went on from the step it held in memory
+    (no checkpoint loaded: trainer.train.agreed_memory), else the checkpoint file's name ("" a fresh start)."""
     failed = attempt["failed_step"]
     return {"attempt": attempt["attempt"], "cause": attempt["cause"], "node": attempt["node"],
             "detect_s": attempt["detect_s"], "restart_s": round(first_step_at - attempt["detected_at"], 3),
-            "resumed_step": resumed_step, "steps_lost": None if failed is None else max(0, failed - resumed_step)}
+            "resumed_step": resumed_step, "resumed_from": resumed_from,
+            "steps_lost": None if failed is None else max(0, failed - resumed_step)}
 
 
 class Reporter:

@@ -101,14 +101,15 @@ class EpochProgress:
         return {"epoch": self.epoch, "batches": self.batches, "lr": self.lr, "ranks": self.ranks}
 
     @classmethod
-    def of(cls, ckpt: dict[str, Any], ctx: DistContext) -> EpochProgress | None:
-        """A checkpoint's progress (None at an epoch's end); one written by another number of processes is refused:
-        the epoch's shards, and so the rest of it, would differ."""
+    def of(cls, ckpt: dict[str, Any], ctx: DistContext, elastic: bool = False) -> EpochProgress | None:
+        """A checkpoint's progress (None at an epoch's end); one written by another number of processes is refused
+        (the epoch's shards, and so the rest of it, would differ) unless ``elastic``: the checkpoint records its
+        job's recipe, and the rest of the epoch is dealt out again (trainer.elastic)."""
         record = ckpt.get("progress")
         if record is None:
             return None
         progress = cls(**record)
-        if len(progress.ranks) != ctx.world_size:
+        if len(progress.ranks) != ctx.world_size and not elastic:
             raise CheckpointError(
                 f"{ckpt['path']} was saved mid-epoch by {len(progress.ranks)} processes and this job has "
                 f"{ctx.world_size}, so the rest of the epoch cannot be what it was; run it with {len(progress.ranks)} "
@@ -116,11 +117,17 @@ class EpochProgress:
             )
         return progress
 
-    def restore(self, ctx: DistContext) -> EpochTally:
-        """This rank's tally, and its RNG states set as they were at the checkpoint."""
-        mine = self.ranks[ctx.rank]
-        set_rng_state(mine["rng"], ctx.device)
-        return EpochTally.from_record(mine["tally"], ctx.device)
+    def merged_tally(self, ctx: DistContext) -> EpochTally:
+        """In another world: rank 0 counts what every rank had counted (the epoch's sums are all-reduced at its end,
+        so its record is the same); the others start from zero."""
+        tally = EpochTally.start(ctx.device)
+        if ctx.rank == 0:
+            for part in (EpochTally.from_record(rank["tally"], ctx.device) for rank in self.ranks):
+                tally.sums += part.sums
+                tally.clips += part.clips
+                tally.bad.extend(part.bad)
+                tally.fallback.extend(part.fallback)
+        return tally
 
 
 # ---------------------------------------------------------------------------------------------------------------------

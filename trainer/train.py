@@ -71,6 +71,7 @@ from trainer.distributed import (
     launch,
     rejoin,
 )
+from trainer.elastic import Accumulation, Recipe, continuation_seed, step_in_epoch
 from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.errors import Preempted, first_line, lost_peer, reading_checkpoint, report_user_errors
 from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
@@ -78,7 +79,7 @@ from trainer.model_setup import apply_training_controls, build_model_from_config
 from trainer.pace import StepClock
 from trainer.precise_bn import update_precise_bn
 from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
-from trainer.resume import EpochProgress, load_resume_state
+from trainer.resume import EpochProgress, load_resume_state, rng_state, set_rng_state
 from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
 from trainer.runtime.host.channel import Join
 from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
@@ -88,6 +89,9 @@ from trainer.timeline import PROCESS
 from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, load_initial, resolve_normalisation
 
 log = logging.getLogger("trainer")
+
+RECIPE_WORLD_KEY = "recipe_world"  # a checkpoint's: the processes the job was launched with (trainer.elastic)
+SAMPLE_LOG_DIR = "samples"  # LOG.SAMPLE_LOG: rank<R>.jsonl in the run directory
 
 
 def seed_everything(seed: int) -> None:
@@ -129,31 +133,103 @@ class Run:
     control: StepControl
     writer: CheckpointWriter | None  # this process writes checkpoints (rank 0; node 1's first process)
     start_epoch: int
-    progress: EpochProgress | None  # where the start epoch stands, when resumed from a mid-epoch checkpoint
+    progress: Continuation | None  # where the start epoch stands, when the run goes on mid-epoch
     attempt: dict[str, Any] | None  # rank 0: $VIDCLUSTER_ATTEMPT, recorded after this attempt's first step
     resumed_step: int
     place: InPlace | None  # restart in place: the supervisor's word is read after every step
     bad_videos: BadVideos  # the run's bad videos, every rank's (trainer.bad_videos)
+    recipe: Recipe
+    accumulation: Accumulation  # this attempt's, in its world
+    epoch_steps: list[int]  # optimizer steps of each epoch (the recipe's, in any world)
+    resumed_from: str  # "memory", the checkpoint file's name, or "" (a fresh start)
+    samples: Path | None  # LOG.SAMPLE_LOG: this rank's sample log
     best_top1: float = -1.0
     stepped: bool = False  # this attempt has taken an optimizer step
+    position: Position | None = None  # where training stands after the last completed optimizer step
+
+
+@dataclass
+class Continuation:
+    """Where the start epoch stands when a run goes on mid-epoch: its starting LR, this rank's tally, the micro-batches
+    of this rank's pass to skip, and its RNG states (None: set from the run's history, trainer.elastic)."""
+
+    lr: float
+    tally: EpochTally
+    batches: int
+    rng: dict[str, Any] | None
+
+    def start(self, ctx: DistContext, cfg: Config, epoch: int, step: int) -> EpochTally:
+        if self.rng is not None:
+            set_rng_state(self.rng, ctx.device)
+        else:
+            seed_everything(continuation_seed(cfg.CONFIG.TRAIN.SEED, epoch, step, ctx.rank))
+        self.tally.batches = self.batches  # the pass counts its micro-batches from there
+        return self.tally
+
+
+@dataclass
+class Position:
+    """Where training stands after an optimizer step: the epoch, its starting LR (None: not begun), and this rank's
+    number and world size, tally (a copy: the step in progress adds to the live one) and RNG states then."""
+
+    step: int
+    epoch: int
+    lr: float | None
+    rank: int
+    world: int
+    tally: EpochTally
+    rng: dict[str, Any]
+
+    @classmethod
+    def after(cls, ctx: DistContext, step: int, epoch: int, lr: float | None, tally: EpochTally) -> Position:
+        copy = EpochTally(tally.sums.clone(), tally.clips, tally.batches, list(tally.bad), list(tally.fallback))
+        return cls(step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device))
+
+    def key(self) -> tuple[int, int, bool, int]:
+        """What every rank's memory must agree on."""
+        return self.step, self.epoch, self.lr is None, self.world
+
+
+@dataclass
+class Memory:
+    """A rank's training state after its last completed optimizer step, kept across a restart in place: the next
+    attempt goes on from it when every rank holds the same step (``agreed_memory``)."""
+
+    position: Position
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any]
+    best_top1: float
+    bad_videos: list[tuple[str, str]]
+
+    @classmethod
+    def of(cls, run: Run) -> Memory | None:
+        """None when the run's position is not that of its last step (a step was completing), or it is sharded."""
+        position, state = run.position, run.state
+        if position is None or position.step != state.step or is_sharded(run.raw_model):
+            return None
+        return cls(position, state.optimizer.state_dict(), state.scheduler.state_dict(), state.scaler.state_dict(),
+                   run.best_top1, run.bad_videos.items())
 
 
 @dataclass
 class Kept:
     """What a process that restarts in place keeps from one attempt to the next (trainer.inplace): its model (not
-    its weights: the next attempt loads the checkpoint into it) and, while its rank and the world size stay, its data
-    loaders and their workers."""
+    its weights, unless every rank of the next attempt holds the same step in memory: then it goes on from its
+    ``memory``) and, while its rank and the world size stay, its data loaders and their workers."""
 
     rank: int
     world_size: int
     model: nn.Module  # unwrapped, on the device
     loaders: tuple[object, object, object]  # train, val, precise BN
+    recipe: Recipe
+    memory: Memory | None  # its training state, when it is that of its last completed step
 
     @classmethod
     def of(cls, run: Run) -> Kept:
         unwrap_ddp(run.model)
         return cls(run.ctx.rank, run.ctx.world_size, run.raw_model,
-                   (run.train_loader, run.val_loader, run.precise_bn_loader))
+                   (run.train_loader, run.val_loader, run.precise_bn_loader), run.recipe, Memory.of(run))
 
     def loaders_for(self, ctx: DistContext) -> tuple[object, object, object] | None:
         return self.loaders if (self.rank, self.world_size) == (ctx.rank, ctx.world_size) else None
@@ -175,9 +251,8 @@ def build_train_model(cfg: Config, ctx: DistContext) -> nn.Module:
     return prepare_model(model.to(ctx.device), cfg)
 
 
-def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, out: Path) -> None:
+def log_startup(cfg: Config, ctx: DistContext, steps_per_epoch: int, lr: float, out: Path, global_batch: int) -> None:
     train, data = cfg.CONFIG.TRAIN, cfg.CONFIG.DATA
-    global_batch = train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS
     log.info("run dir %s", out)
     log.info(
         "world size %d (%d node(s) x %d worker(s), backend %s); batch %d per process -> global batch %d",
@@ -246,8 +321,9 @@ def park(run: Run | None, kept: Kept | None) -> Kept | None:
 
 def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | None = None,
                 place: InPlace | None = None) -> Run:
-    """Datasets, checkpoint writers, the model and its training state (resumed when there is a checkpoint); ``kept``:
-    what this process kept from the attempt before (restart in place)."""
+    """Datasets, checkpoint writers, the model and its training state (from memory, when every rank holds the same
+    step; else resumed when there is a checkpoint); ``kept``: what this process kept from the attempt before (restart
+    in place)."""
     out = run_dir(cfg)
     setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     train = cfg.CONFIG.TRAIN
@@ -259,29 +335,29 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
         out.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, out / RUN_CONFIG_FILE)
     config_yaml = broadcast_object(config_to_yaml(cfg) if ctx.is_main else None)
-
-    loaders = kept.loaders_for(ctx) if kept is not None else None
-    if loaders is None:
-        if kept is not None:
-            end_workers()  # this rank's shards are another's now: the loaders of the attempt before go
-        loaders = (build_loader(build_dataset(cfg, "train"), cfg, "train", ctx),
-                   build_loader(build_dataset(cfg, "val"), cfg, "val", ctx), None)
-    train_loader, val_loader, precise_bn_loader = loaders
-    if len(train_loader) == 0:
-        raise ConfigError(f"CONFIG.TRAIN.DROP_LAST: each rank has fewer training videos than BATCH_SIZE "
-                          f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
-    epoch_steps = [-(-batches // train.ACCUM_STEPS) for batches in epoch_batches(train_loader, train.EPOCH_NUM)]
     writer = CheckpointWriter(ckpt_dir, train.KEEP_LAST) if checkpoint.writes_checkpoints(ctx, out) else None
     sharded = uses_fsdp2(cfg) and ctx.distributed
     if sharded:
         require_one_checkpoint_dir(ctx, writer is not None, out)
 
+    memory = agreed_memory(ctx, kept)
+    resume = None
     reading = f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"
-    with reading_checkpoint(reading):
-        resume = load_resume_state(ctx, train.RESUME, ckpt_dir, out / METRICS_FILE, writer is not None)
-    # A kept model has trained on: without a checkpoint the run starts again from the initial weights. A sharded one
-    # belongs to the attempt's group: it is built again.
-    model = kept.model if kept is not None and resume is not None and not sharded else build_train_model(cfg, ctx)
+    if memory is None:
+        if kept is not None:
+            kept.memory = None  # the checkpoint goes into its model: what it held is gone
+        with reading_checkpoint(reading):
+            resume = load_resume_state(ctx, train.RESUME, ckpt_dir, out / METRICS_FILE, writer is not None)
+    recipe = run_recipe(cfg, ctx, kept if memory is not None else None, resume)
+    accumulation = recipe.accumulation(ctx.world_size)
+    train_loader, val_loader, precise_bn_loader = attempt_loaders(cfg, ctx, kept, recipe)
+    epoch_steps = [-(-batches // accumulation.micro_batches)
+                   for batches in epoch_batches(train_loader, train.EPOCH_NUM)]
+
+    # A kept model has trained on: without a checkpoint or its memory the run starts again from the initial weights.
+    # A sharded one belongs to the attempt's group: it is built again.
+    model = (kept.model if kept is not None and (resume is not None or memory is not None) and not sharded
+             else build_train_model(cfg, ctx))
     if resume is not None:
         check_resume_kind(resume, cfg)
     if resume is not None and not sharded:
@@ -289,13 +365,20 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
             model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
     PROCESS.mark("checkpoint")
     raw_model = model
-    model = wrap_ddp(model, ctx, cfg)
+    own_buffers = [buffer.clone() for buffer in model.buffers()] if memory is not None else []
+    model = wrap_ddp(model, ctx, cfg, accumulation.micro_batches)  # every rank takes rank 0's parameters and buffers
+    if memory is not None:
+        restore_buffers(raw_model, ctx, own_buffers, memory.position)
 
-    lr = effective_lr(cfg, train.BATCH_SIZE * ctx.world_size * train.ACCUM_STEPS)
+    lr = effective_lr(cfg, recipe.global_batch)
     optimizer = build_optimizer(cfg, raw_model, lr)
     state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps), grad_scaler(ctx.device, train.AMP))
-    start_epoch, best_top1, progress = 0, -1.0, None
-    if resume is not None:
+    start_epoch, best_top1, progress, resumed_from = 0, -1.0, None, ""
+    if memory is not None:
+        start_epoch, best_top1, progress = go_on_from_memory(ctx, state, memory, epoch_steps, accumulation)
+        resumed_from = "memory"
+        log.info("continued from memory at step %d (epoch %d)", state.step, start_epoch + 1)
+    elif resume is not None:
         with reading_checkpoint(reading):
             if sharded:  # each rank its own shards, as this run shards the model
                 checkpoint.load_sharded_checkpoint(raw_model, state.optimizer, Path(resume["path"]))
@@ -304,14 +387,16 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
         state.scheduler.load_state_dict(resume["scheduler"])
         state.scaler.load_state_dict(resume["scaler"])
         start_epoch, best_top1, state.step = resume["epoch"], resume["best_top1"], resume["step"]
-        progress = EpochProgress.of(resume, ctx)
+        progress = checkpoint_continuation(resume, ctx, recipe, epoch_steps, accumulation)
+        resumed_from = Path(resume["path"]).name
         log.info("resumed from %s at epoch %d, step %d%s", resume["path"], start_epoch, state.step,
                  "" if progress is None else f" (mid-epoch: {progress.batches} batch(es) of epoch "
                                              f"{start_epoch + 1} done)")
+    log_accumulation(ctx, recipe, kept)
 
     state.clock = start_clock(raw_model, ctx, state.step, train.CHECKPOINT_MINUTES)
     steps_per_epoch = epoch_steps[min(start_epoch, train.EPOCH_NUM - 1)]
-    log_startup(cfg, ctx, steps_per_epoch, lr, out)
+    log_startup(cfg, ctx, steps_per_epoch, lr, out, recipe.global_batch)
     reporter = Reporter(ctx, out, out / cfg.CONFIG.LOG.LOG_DIR, train.EPOCH_NUM, sum(epoch_steps), writer is not None)
     reporter.update_status(force=True, state="running", epoch=start_epoch, step=state.step,
                            steps_per_epoch=steps_per_epoch)
@@ -319,13 +404,120 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
     if precise_bn_loader is None:
         precise_bn_loader = train_loader
         if train.PRECISE_BN and MultigridSchedule.from_config(cfg) is not None:
-            precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False)
+            precise_bn_loader = build_loader(train_loader.dataset, cfg, "train", ctx, multigrid=False, recipe=recipe)
     control = StepControl(ctx, train.CHECKPOINT_MINUTES, stop)
+    samples = out / SAMPLE_LOG_DIR / f"rank{ctx.rank}.jsonl" if cfg.CONFIG.LOG.SAMPLE_LOG else None
     run = Run(ctx, cfg, out, model, raw_model, train_loader, val_loader, precise_bn_loader, state, reporter,
               inference, config_yaml, control, writer, start_epoch, progress, attempt, state.step, place, BadVideos(),
-              best_top1)
-    record_bad_videos(run, BadVideos.from_checkpoint(resume).items())
+              recipe, accumulation, epoch_steps, resumed_from, samples, best_top1)
+    record_bad_videos(run, memory.bad_videos if memory is not None else BadVideos.from_checkpoint(resume).items())
     return run
+
+
+def agreed_memory(ctx: DistContext, kept: Kept | None) -> Memory | None:
+    """Every rank: this rank's memory when every rank of the attempt holds one of the same step (and epoch), else
+    None on every rank (then the checkpoint every rank agrees on is loaded: trainer.resume)."""
+    memory = kept.memory if kept is not None else None
+    keys = all_gather_object(memory.position.key() if memory is not None else None)
+    return memory if None not in keys and len(set(keys)) == 1 else None
+
+
+def restore_buffers(model: nn.Module, ctx: DistContext, own: list[torch.Tensor], position: Position) -> None:
+    """Every rank, going on from memory: the buffers (BatchNorm statistics, each rank's own during an epoch) of the rank
+    of its number in the attempt before (ranks may have been handed out anew), so the run goes on as uninterrupted; in
+    another world, those of the lowest rank left (the nearest to rank 0's, which the epoch's end gives every rank)."""
+    holders = all_gather_object(position.rank)
+    same_world = position.world == ctx.world_size  # the same on every rank: agreed_memory
+    wanted = range(ctx.world_size) if same_world else [min(holders)]
+    for old in wanted:
+        src = holders.index(old)
+        sent = broadcast_object([buffer.cpu() for buffer in own] if ctx.rank == src else None, src=src)
+        if ctx.rank == old or not same_world:
+            for buffer, value in zip(model.buffers(), sent, strict=True):
+                buffer.copy_(value)
+
+
+def run_recipe(cfg: Config, ctx: DistContext, kept: Kept | None, resume: dict[str, Any] | None) -> Recipe:
+    """The job's recipe: its world is the launch's, as the attempt before kept it, or as the checkpoint records it
+    (``recipe_world``; one written before it was recorded: the world it is resumed on), or this attempt's own."""
+    train = cfg.CONFIG.TRAIN
+    world = ctx.world_size
+    if kept is not None:
+        world = kept.recipe.world
+    elif resume is not None:
+        world = resume.get(RECIPE_WORLD_KEY, ctx.world_size)
+    return Recipe(world, train.BATCH_SIZE, train.ACCUM_STEPS)
+
+
+def attempt_loaders(cfg: Config, ctx: DistContext, kept: Kept | None, recipe: Recipe) -> tuple[Any, Any, Any]:
+    """The attempt's training, validation and precise-BN loaders (None: built later): the kept ones while this
+    process's rank and the world stay; else new ones for its shards."""
+    loaders = kept.loaders_for(ctx) if kept is not None else None
+    if loaders is None:
+        if kept is not None:
+            end_workers()  # this rank's shards are another's now: the loaders of the attempt before go
+        loaders = (build_loader(build_dataset(cfg, "train"), cfg, "train", ctx, recipe=recipe),
+                   build_loader(build_dataset(cfg, "val"), cfg, "val", ctx), None)
+    if len(loaders[0]) == 0:  # type: ignore[arg-type]
+        train = cfg.CONFIG.TRAIN
+        raise ConfigError(f"CONFIG.TRAIN.DROP_LAST: each rank has fewer training videos than BATCH_SIZE "
+                          f"{train.BATCH_SIZE}, so every batch is dropped; turn DROP_LAST off or lower BATCH_SIZE")
+    return loaders
+
+
+def go_on_from_memory(ctx: DistContext, state: TrainState, memory: Memory, epoch_steps: list[int],
+                      accumulation: Accumulation) -> tuple[int, float, Continuation | None]:
+    """The training state as it was after the last completed step (its partial gradients are gone with the attempt's
+    DDP wrapper: the epoch loop zeroes them): (start epoch, best top-1, where the epoch stands)."""
+    position = memory.position
+    state.optimizer.load_state_dict(memory.optimizer)
+    state.scheduler.load_state_dict(memory.scheduler)
+    state.scaler.load_state_dict(memory.scaler)
+    state.step = position.step
+    if position.lr is None:  # the epoch had not begun
+        return position.epoch, memory.best_top1, None
+    parts = sorted(all_gather_object((position.rank, {"tally": position.tally.record(), "rng": position.rng})),
+                   key=lambda part: part[0])
+    ranks = [part for _, part in parts]
+    if position.world != ctx.world_size:  # another world: no rank's state is another's
+        ranks = [{"tally": part["tally"]} for part in ranks]
+    progress = EpochProgress(position.epoch, position.tally.batches, position.lr, ranks)
+    return position.epoch, memory.best_top1, continuation(progress, ctx, position.step, epoch_steps, accumulation)
+
+
+def checkpoint_continuation(resume: dict[str, Any], ctx: DistContext, recipe: Recipe, epoch_steps: list[int],
+                            accumulation: Accumulation) -> Continuation | None:
+    """Where a mid-epoch checkpoint's epoch stands on this rank (None at an epoch's end). Written by as many processes
+    as this attempt has: each rank's own tally and RNG states; else (an elastic job, trainer.elastic) rank 0 takes
+    every rank's sums, and the pass starts after the steps done, in this world's micro-batches."""
+    progress = EpochProgress.of(resume, ctx, elastic=RECIPE_WORLD_KEY in resume)
+    return None if progress is None else continuation(progress, ctx, resume["step"], epoch_steps, accumulation)
+
+
+def continuation(progress: EpochProgress, ctx: DistContext, step: int, epoch_steps: list[int],
+                 accumulation: Accumulation) -> Continuation:
+    """This rank's part of where the epoch stood at ``step`` on every rank (a checkpoint's, or the ranks' memory):
+    the rank of the same number's tally and RNG states when the world is the same (the run goes on as uninterrupted);
+    in another world rank 0 takes every rank's sums, the RNG states are set from the run's history, and the pass
+    starts after the steps done, in this world's micro-batches (trainer.elastic)."""
+    if len(progress.ranks) == ctx.world_size and "rng" in progress.ranks[ctx.rank]:
+        mine = progress.ranks[ctx.rank]
+        return Continuation(progress.lr, EpochTally.from_record(mine["tally"], ctx.device), progress.batches,
+                            mine["rng"])
+    done = step_in_epoch(step, epoch_steps, progress.epoch)
+    return Continuation(progress.lr, progress.merged_tally(ctx), done * accumulation.micro_batches, None)
+
+
+def log_accumulation(ctx: DistContext, recipe: Recipe, kept: Kept | None) -> None:
+    """Say so when this attempt's world is not the attempt before's (or, at a resume, the launch's): the accumulation
+    before and after, the global batch kept."""
+    before = kept.world_size if kept is not None else recipe.world
+    if before == ctx.world_size:
+        return
+    log.warning("world of %d process(es) (launched on %d, the attempt before had %d): accumulation %d -> %d "
+                "micro-batch(es) of at most %d clip(s) per rank and step; global batch %d kept", ctx.world_size,
+                recipe.world, before, recipe.accumulation(before).micro_batches,
+                recipe.accumulation(ctx.world_size).micro_batches, recipe.batch, recipe.global_batch)
 
 
 def start_clock(model: nn.Module, ctx: DistContext, step: int, checkpoint_minutes: float) -> StepClock:
@@ -346,12 +538,13 @@ def run_epoch(run: Run, epoch: int) -> None:
         set_loader_epoch(loader, epoch)
     epoch_lr, tally = schedule_lr(state.optimizer), EpochTally.start(ctx.device)
     if run.progress is not None:  # resumed mid-epoch: this rank's counts and RNG states as they were
-        epoch_lr, tally = run.progress.lr, run.progress.restore(ctx)
+        epoch_lr, tally = run.progress.lr, run.progress.start(ctx, cfg, epoch, state.step)
         skip_batches(run.train_loader, run.progress.batches)
         run.progress = None
+    run.position = Position.after(ctx, state.step, epoch, epoch_lr, tally)
     metrics: dict[str, object] = {"lr": epoch_lr}
     metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter, tally,
-                                   functools.partial(after_step, run, epoch, epoch_lr)))
+                                   functools.partial(after_step, run, epoch, epoch_lr), run.accumulation))
     heartbeat.at(EVALUATE)  # the epoch's end: no step until the next epoch
     broadcast_buffers(run.raw_model)
     done = epoch + 1
@@ -386,6 +579,7 @@ def run_epoch(run: Run, epoch: int) -> None:
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
+    run.position = Position.after(ctx, state.step, done, None, EpochTally.start(ctx.device))  # its record is written
     if save or is_best:
         with state.clock.stalled():
             submit_checkpoint(run, done, metrics, is_best=is_best)
@@ -405,6 +599,9 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     """What every rank does after an optimizer step: agree on a checkpoint or a stop (one all-reduce), report the
     step, record a restarted attempt after its first step."""
     state = run.state
+    run.position = Position.after(run.ctx, state.step, epoch, epoch_lr, tally)
+    if run.samples is not None:
+        log_samples(run.samples, state.step, epoch, run.ctx, tally.step_samples)
     with state.clock.waiting():
         verdict = run.control.agree(step_clips)
     heartbeat.stepped()
@@ -421,12 +618,22 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
         stop_here(run, epoch)
 
 
+def log_samples(path: Path, step: int, epoch: int, ctx: DistContext, samples: list[int]) -> None:
+    """LOG.SAMPLE_LOG: a line of this rank's sample log, the dataset indices optimizer step ``step`` (1-based) of
+    ``epoch`` (0-based) trained here."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"step": step, "epoch": epoch, "attempt": PROCESS.attempt, "rank": ctx.rank, "world": ctx.world_size,
+              "samples": samples}
+    with path.open("a") as file:
+        file.write(json.dumps(record) + "\n")
+
+
 def record_attempt(run: Run) -> None:
     """Rank 0 records a restarted attempt (VIDCLUSTER_ATTEMPT) once its first step is done; node 1's checkpoint
     writer mirrors the record. Every process takes part in the broadcast, whether or not its node set the variable."""
     record = None
     if run.attempt is not None:
-        record = attempt_record(run.attempt, run.resumed_step, time.time())
+        record = attempt_record(run.attempt, run.resumed_step, time.time(), run.resumed_from)
     record = broadcast_object(record)
     if record is not None:
         run.reporter.attempt(record)
@@ -453,6 +660,7 @@ def submit_checkpoint(run: Run, epoch: int, metrics: dict[str, Any], is_best: bo
     ckpt = checkpoint.build_checkpoint(
         run.raw_model, run.state, epoch=epoch, best_top1=run.best_top1, config_yaml=run.config_yaml, metrics=metrics,
         inference=run.inference, bad_videos=run.bad_videos.record(), progress=progress)
+    ckpt[RECIPE_WORLD_KEY] = run.recipe.world
     if is_sharded(run.raw_model):
         checkpoint.save_sharded_checkpoint(run.ctx, run.raw_model, run.state.optimizer, ckpt,
                                            run.out / run.cfg.CONFIG.LOG.SAVE_DIR, epoch, is_best,

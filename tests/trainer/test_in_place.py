@@ -133,13 +133,16 @@ def test_a_survivor_goes_on_in_place_and_the_killed_node_in_its_standby(
     assert spare.phases["imported"] == spare.phases["started"]  # its imports were done before it was handed over
     records = [r for r in map(json.loads, (nodes[0].run / "metrics.jsonl").read_text().splitlines()) if "attempt" in r]
     assert [r["attempt"] for r in records] == [1] and records[0]["cause"] == "killed", records
+    # its standby held nothing in memory: every rank read the checkpoint they agreed on
+    assert records[0]["resumed_from"].startswith("epoch_0001_step_"), records
 
 
 def test_told_their_attempt_is_over_both_park_and_go_on_in_place_with_their_ranks_swapped(
     synthetic_dataset: dict[str, Any], uninterrupted: Path, tmp_path: Path
 ) -> None:
     """The supervisors' word alone (a lost hub, the no-split rule) ends the attempt; in the next one rank 0 is the
-    other node: each process builds its loaders for its new shard and the store is hosted by the old rank 1."""
+    other node: each process builds its loaders for its new shard, the store is hosted by the old rank 1, and both go
+    on from memory."""
     nodes = [Node(synthetic_dataset, tmp_path, rank) for rank in (0, 1)]
     port = free_port()
     for rank, node in enumerate(nodes):
@@ -161,6 +164,9 @@ def test_told_their_attempt_is_over_both_park_and_go_on_in_place_with_their_rank
         kill(procs)
     assert [code for code, _, _ in codes] == [0, 0], [err[-3000:] for _, _, err in codes]
     assert "the supervisor says attempt 0 is over" in codes[0][1] + codes[0][2]
+    # both held the same step: no checkpoint read; each took the RNG states, sums and BatchNorm statistics of the
+    # rank whose number it now has, so the run is still the uninterrupted one
+    assert "continued from memory at step" in codes[1][1] + codes[1][2]
     assert_same_run(nodes[1].run, uninterrupted)  # node 1 had rank 0 at the end: it wrote the digests
     assert json.loads((nodes[1].run / "weights_digest.json").read_text())["identical"]
 

@@ -526,3 +526,8 @@ class LogConfig(_Section):
         "DEBUG", description="Level of rank 0's console and log file (other ranks log warnings and errors)."
     )
     LOG_FILENAME: str = Field("log.txt", description="Log file name in the run directory.")
+    SAMPLE_LOG: bool = Field(
+        False, description="Every rank appends, after each optimizer step, a JSON line with the step, epoch, "
+        "attempt, its rank, the world size and the dataset indices the step trained on it, to samples/rank<R>.jsonl "
+        "in the run directory: what shows each sample trained once per epoch, across world changes (trainer.elastic)."
+    )

@@ -28,8 +28,10 @@ from torch.utils.data import BatchSampler, DataLoader, Sampler, get_worker_info
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from torch.utils.data.distributed import DistributedSampler
 
+from trainer.config.section import ConfigError
 from trainer.data.dataset import Split, VideoClipDataset
 from trainer.data.multigrid import MultigridBatchSampler, MultigridSchedule
+from trainer.elastic import Recipe, epoch_order, rank_micro_batches
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -70,17 +72,42 @@ class RepeatedAugSampler(EpochDistributedSampler):
         return iter(keys[self.rank : self.total_size : self.num_replicas])
 
 
+class ElasticBatches(Sampler[list[tuple[int, int]]]):
+    """A training epoch's micro-batches of this rank in a world other than the recipe's (trainer.elastic): every
+    optimizer step is ``recipe.micro_batches(world)`` of them on every rank (some may be empty), keys as
+    EpochDistributedSampler's."""
+
+    def __init__(self, length: int, seed: int, recipe: Recipe, world: int, rank: int, drop_last: bool) -> None:
+        self.length, self.seed, self.recipe = length, seed, recipe
+        self.world, self.rank, self.drop_last = world, rank, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _batches(self) -> list[list[int]]:
+        order = epoch_order(self.length, self.seed, self.epoch, self.recipe.world, self.recipe.batch, self.drop_last)
+        return rank_micro_batches(order, self.recipe, self.world, self.rank)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        return ([(index, self.epoch) for index in batch] for batch in self._batches())
+
+    def __len__(self) -> int:
+        return len(self._batches())
+
+
 class ResumableBatches(Sampler[list[Any]]):
     """A training loader's batches (a BatchSampler, or a MultigridBatchSampler) whose next pass may start part-way
     through the epoch: the keys of the batches before that point are drawn, as the uninterrupted pass draws them, and
     dropped before any worker decodes a clip."""
 
-    def __init__(self, batches: BatchSampler | MultigridBatchSampler) -> None:
+    def __init__(self, batches: BatchSampler | MultigridBatchSampler | ElasticBatches) -> None:
         self.batches = batches
         self._skip = 0
 
     def set_epoch(self, epoch: int) -> None:
-        target = self.batches if isinstance(self.batches, MultigridBatchSampler) else self.batches.sampler
+        whole = isinstance(self.batches, MultigridBatchSampler | ElasticBatches)
+        target = self.batches if whole else self.batches.sampler
         target.set_epoch(epoch)  # type: ignore[union-attr]
 
     def skip_next(self, count: int) -> None:
@@ -209,7 +236,8 @@ def _rank_and_world(ctx: DistContext | None) -> tuple[int, int]:
 
 
 def build_loader(
-    dataset: VideoClipDataset, cfg: Config, split: Split, ctx: DistContext | None = None, multigrid: bool = True
+    dataset: VideoClipDataset, cfg: Config, split: Split, ctx: DistContext | None = None, multigrid: bool = True,
+    recipe: Recipe | None = None,
 ) -> DataLoader:
     """DataLoader of a split for this process; BATCH_SIZE is per process (TRAIN for train, VAL for val/test).
     TRAIN.REPEATED_AUG > 1 draws each training video that many times per epoch (RepeatedAugSampler).
@@ -218,25 +246,27 @@ def build_loader(
 
     Workers (DATA.NUM_WORKERS) persist across epochs and each keeps DATA.PREFETCH_FACTOR batches in flight; batches
     are pinned when a GPU trains from CPU-decoded clips, so the copy to it does not block (transforms.ClipNormalizer).
-    `ctx` is None or has .distributed, .rank and .world_size (trainer.distributed.DistContext).
+    `ctx` is None or has .distributed, .rank and .world_size (trainer.distributed.DistContext). A training loader in
+    a world other than ``recipe``'s (the launch's) deals the epoch out as trainer.elastic says (ElasticBatches).
     """
     rank, world = _rank_and_world(ctx)
     seed = cfg.CONFIG.TRAIN.SEED
     sampler: Sampler[Any]
-    if split == "train":
+    if split == "train" and recipe is not None and recipe.world != world:
+        batching: dict[str, Any] = {"batch_sampler": ResumableBatches(elastic_batches(dataset, cfg, recipe, world,
+                                                                                      rank))}
+    elif split == "train":
         repeats = cfg.CONFIG.TRAIN.REPEATED_AUG
         sampler = (RepeatedAugSampler(dataset, world, rank, seed, repeats) if repeats > 1
                    else EpochDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed))
         batch_size, drop_last = cfg.CONFIG.TRAIN.BATCH_SIZE, cfg.CONFIG.TRAIN.DROP_LAST
-    else:
-        sampler = ShardSampler(len(dataset), rank, world)
-        batch_size, drop_last = cfg.CONFIG.VAL.BATCH_SIZE, False
-    batching: dict[str, Any] = {"sampler": sampler, "batch_size": batch_size, "drop_last": drop_last}
-    if split == "train":
         schedule = MultigridSchedule.from_config(cfg) if multigrid else None
         batches = (BatchSampler(sampler, batch_size, drop_last) if schedule is None
                    else MultigridBatchSampler(sampler, schedule, drop_last))  # type: ignore[arg-type]
         batching = {"batch_sampler": ResumableBatches(batches)}
+    else:
+        sampler = ShardSampler(len(dataset), rank, world)
+        batching = {"sampler": sampler, "batch_size": cfg.CONFIG.VAL.BATCH_SIZE, "drop_last": False}
     workers = cfg.CONFIG.DATA.NUM_WORKERS
     # Forked workers, whatever started this process: a training process the trainer spawned would otherwise start its
     # loader workers the way it was started itself (multiprocessing passes its start method on), each a new
@@ -256,6 +286,20 @@ def build_loader(
     )
     _built.add(loader)
     return loader
+
+
+def elastic_batches(dataset: VideoClipDataset, cfg: Config, recipe: Recipe, world: int, rank: int) -> ElasticBatches:
+    """This rank's batches in a world of ``world`` processes where the job was launched with ``recipe.world``; what
+    cannot be dealt out again is refused by name (its batches depend on the world)."""
+    train = cfg.CONFIG.TRAIN
+    refused = [name for name, used in (("CONFIG.TRAIN.REPEATED_AUG", train.REPEATED_AUG > 1),
+                                       ("CONFIG.TRAIN.MULTIGRID", MultigridSchedule.from_config(cfg) is not None))
+               if used]
+    if refused:
+        raise ConfigError(f"{refused[0]}: the job was launched on {recipe.world} processes and now has {world}; "
+                          "its batches cannot be dealt out over another world (trainer.elastic): turn it off for an "
+                          "elastic job, or run it on its launch's world")
+    return ElasticBatches(len(dataset), train.SEED, recipe, world, rank, train.DROP_LAST)
 
 
 def _resumable(loader: Iterable[Any]) -> ResumableBatches:

@@ -113,9 +113,10 @@ def rejoin(ctx: DistContext, cfg: Config, rank: int, rendezvous: str, world_urls
            ) -> tuple[DistContext, Config]:
     """This worker, its old group torn down, in the job's next attempt (restart in place: trainer.inplace): node
     rank ``rank`` at ``rendezvous`` among ``world_urls``, its local index kept; its group formed, and its config as a
-    process started for that attempt would see it."""
+    process started for that attempt would see it. The attempt's nodes are ``world_urls``: fewer than the attempt
+    before's when the job shrank (an elastic job, trainer.elastic)."""
     ddp = cfg.DDP_CONFIG.model_copy(update={"AUTO_RANK_MATCH": False, "WORLD_RANK": rank, "DIST_URL": rendezvous,
-                                            "WOLRD_URLS": list(world_urls)})
+                                            "WOLRD_URLS": list(world_urls), "WORLD_SIZE": len(world_urls)})
     attempt_cfg = cfg.model_copy(update={"DDP_CONFIG": ddp})
     plan = node_plan(attempt_cfg)
     moved = plan.context(ctx.local_rank)

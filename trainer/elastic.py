@@ -1,0 +1,125 @@
+"""The recipe kept when the world changes (elastic jobs): the global batch, the LR per optimizer step, every sample
+once per epoch. Pure functions; trainer.train and trainer.data.loader use them.
+
+The recipe's world is the number of processes the job was launched with (its first attempt's world): it is carried
+from attempt to attempt in memory (train.Kept) and in every checkpoint (``recipe_world``), because a later attempt's
+config no longer says it (the runtime's overrides shrink DDP_CONFIG.WOLRD_URLS). The global batch is
+BATCH_SIZE x ACCUM_STEPS x that world.
+
+The epoch's global order is what the recipe's DistributedSampler deals out: the seeded permutation of the epoch,
+padded to a multiple of the recipe's world (and cut to whole batches under DROP_LAST). The recipe's rank r trains
+positions r, r + W, ... of it, so its optimizer step s trains exactly positions [s * G, (s + 1) * G) (G the global
+batch): after k steps of an epoch, whatever the worlds they ran on, the consumed part is the prefix of k * G
+positions. In a world of another size, step s's G positions are dealt to its ranks in turn (rank r takes r, r + W',
+...), and each rank splits its share into ``micro_batches`` parts, at most BATCH_SIZE each, as even as can be. So the
+order depends only on the seed, and who trains which sample only on the world history.
+
+The rule when G does not divide evenly over the new world: uneven shares (a rank one sample more than another, and
+micro-batches of uneven size, some empty when a share is smaller than the number of micro-batches, or than one in
+a world larger than the global batch: an empty one is a placeholder forward of weight 0), each sample's
+loss weighted by W' / G (``Accumulation.scale``): DDP averages the W' ranks' gradients, so the step's gradient is the
+mean over the G samples, as in the recipe. Refusing such a world instead would stop a job that can go on, and a larger
+per-rank batch would change the memory a rank needs: accumulation keeps BATCH_SIZE, so what fits on a GPU still fits.
+
+The epoch's last step, when the order is not a multiple of G, trains fewer samples; under another world each weighs
+1 / G (the recipe's own divides each micro-batch's mean by ACCUM_STEPS: the same for full micro-batches).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the job was launched with: its world, BATCH_SIZE (per process) and ACCUM_STEPS."""
+
+    world: int
+    batch: int
+    accum: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.world * self.batch * self.accum
+
+    def micro_batches(self, world: int) -> int:
+        """Micro-batches per rank and optimizer step in a world of ``world`` processes, the global batch kept (in a
+        world larger than the global batch some ranks' shares are empty: one empty micro-batch each)."""
+        return math.ceil(math.ceil(self.global_batch / world) / self.batch)
+
+    def accumulation(self, world: int) -> Accumulation:
+        if world == self.world:
+            return Accumulation(self.accum, None, self.global_batch)
+        return Accumulation(self.micro_batches(world), world, self.global_batch)
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """How an optimizer step is made of micro-batches on this rank: ``micro_batches`` of them, each loss scaled by
+    ``scale``. ``world`` None: the recipe's own world, whose rule is today's (each micro-batch's mean loss divided by
+    ACCUM_STEPS, bit for bit); else each sample weighs ``world`` / ``global_batch`` (see the module docstring)."""
+
+    micro_batches: int
+    world: int | None
+    global_batch: int
+
+    def scale(self, loss: torch.Tensor, clips: int) -> torch.Tensor:
+        """``loss``: the mean over a micro-batch of ``clips`` clips."""
+        if self.world is None:
+            return loss / self.micro_batches
+        return loss * (clips * self.world / self.global_batch)
+
+
+def epoch_order(length: int, seed: int, epoch: int, world: int, batch: int, drop_last: bool) -> list[int]:
+    """The epoch's global order under a recipe world of ``world`` (what torch's DistributedSampler deals out, shuffled
+    by seed + epoch and padded, then cut to whole per-rank batches under ``drop_last``)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    order = torch.randperm(length, generator=generator).tolist()
+    total = math.ceil(length / world) * world
+    padding = total - length
+    order += (order * math.ceil(padding / length))[:padding]
+    if drop_last:
+        order = order[: world * batch * (total // world // batch)]
+    return order
+
+
+def epoch_steps(order_length: int, global_batch: int) -> int:
+    """Optimizer steps of an epoch (the recipe's, in any world)."""
+    return math.ceil(order_length / global_batch)
+
+
+def split(share: list[int], parts: int) -> list[list[int]]:
+    """``share`` in ``parts`` consecutive pieces whose sizes differ by one at most, the longer first."""
+    size, longer = divmod(len(share), parts)
+    pieces, start = [], 0
+    for part in range(parts):
+        end = start + size + (part < longer)
+        pieces.append(share[start:end])
+        start = end
+    return pieces
+
+
+def rank_micro_batches(order: list[int], recipe: Recipe, world: int, rank: int) -> list[list[int]]:
+    """Rank ``rank``'s micro-batches of a whole epoch in a world of ``world`` processes: for each optimizer step its
+    ``recipe.micro_batches(world)`` parts of its share of the step's positions."""
+    parts = recipe.micro_batches(world)
+    step_size = recipe.global_batch
+    batches: list[list[int]] = []
+    for start in range(0, len(order), step_size):
+        batches.extend(split(order[start : start + step_size][rank::world], parts))
+    return batches
+
+
+def step_in_epoch(step: int, steps_per_epoch: list[int], epoch: int) -> int:
+    """Optimizer steps of ``epoch`` done when the run's step count is ``step``."""
+    return step - sum(steps_per_epoch[:epoch])
+
+
+def continuation_seed(seed: int, epoch: int, step: int, rank: int) -> int:
+    """The RNG seed of a rank that goes on at ``step`` in a changed world or from memory: its states from before are
+    another rank's or mid-step, so they are set from what the run's history says alone."""
+    return seed + 1_000_003 * (epoch + 1) + 7919 * (step + 1) + rank
