@@ -11,10 +11,10 @@ the same one (train.agreed_memory; the recipe kept in another world: trainer.ela
 checkpoint every rank agrees on, as a new process would, with its interpreter, model and data loaders kept
 (train.train_worker's loop).
 
-Under nccl a rank may be told its attempt is over while it waits in a collective whose peer is gone, which nccl would
-wait in until DDP_CONFIG.TIMEOUT_SECONDS: a thread (``InPlace.abort_when_over``) aborts its groups LEAVE_S after
-the word, so the collective fails and the rank parks (gloo's collective fails by itself once the peer's connection
-closes).
+A rank may be told its attempt is over while it waits in a collective whose peer is gone, or on a live peer that
+left it, which nccl and gloo would wait in until DDP_CONFIG.TIMEOUT_SECONDS: a thread (``InPlace.abort_when_over``)
+aborts its groups LEAVE_S after the word (under gloo by shutting the group's connections: distributed.abort_groups),
+so the collective fails and the rank parks.
 
 A standby (``standby_argv``) is a trainer process its supervisor starts ahead of need: it has imported what a trainer
 imports, and waits here until it is handed an attempt; then it trains it as a process started for it would.

@@ -271,7 +271,7 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
     # First the stop signals: a stop asked for while the run starts is honoured at its first step.
     with stop_signals() as stop, loader_workers():
         place = InPlace.from_env()
-        if place is not None and ctx.backend == "nccl":
+        if place is not None:
             place.abort_when_over(abort_groups)  # a collective whose peer is gone fails then, not at its timeout
         kept: Kept | None = None
         join: Join | None = None  # the attempt this process was handed in place

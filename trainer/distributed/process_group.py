@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import logging
 import os
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -69,6 +70,7 @@ def init_group(ctx: DistContext, plan: Plan) -> None:
         torch.cuda.set_device(ctx.device)
         # Before any loader worker starts: they inherit the CPUs of their GPU's socket (trainer.numa).
         log.info("rank %d: %s", ctx.rank, bind_to_gpu(ctx.device.index))
+    before = _sockets()
     try:
         with _formed_within(ctx, plan):
             store = _attempt_store(plan)
@@ -81,6 +83,8 @@ def init_group(ctx: DistContext, plan: Plan) -> None:
                 timeout=datetime.timedelta(seconds=plan.timeout_s),
             )
             dist.barrier()  # everyone has really arrived before any work starts
+        _GROUP_SOCKETS.clear()
+        _GROUP_SOCKETS.update(set(_sockets().values()) - set(before.values()))
         PROCESS.mark("group")
     except dist.DistError as exc:  # store/network/backend errors: a peer or the rendezvous host is missing
         raise PeerError(
@@ -99,13 +103,48 @@ def leave_group() -> None:
 _ABORTING = threading.Lock()  # the main thread parks while the restart-in-place watch may abort (trainer.inplace)
 
 
+_GROUP_SOCKETS: set[str] = set()  # the TCP connections the attempt's group opened ("socket:[inode]"), for a gloo abort
+
+
+def _sockets() -> dict[int, str]:
+    """This process's sockets: fd -> "socket:[inode]"."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                found[int(fd)] = link
+    return found
+
+
+def _cut_group_connections() -> int:
+    """Shut down the connections the attempt's gloo group opened (its listener stays: gloo's accept thread ends the
+    process when its socket fails); returns how many. A collective this process or a peer waits in over one of them
+    fails at once."""
+    cut = 0
+    for fd, link in _sockets().items():
+        if link not in _GROUP_SOCKETS:
+            continue
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as conn:
+            if conn.family in (socket.AF_INET, socket.AF_INET6) and not conn.getsockopt(socket.SOL_SOCKET,
+                                                                                        socket.SO_ACCEPTCONN):
+                conn.shutdown(socket.SHUT_RDWR)
+                cut += 1
+    return cut
+
+
 def abort_groups() -> None:
     """Abort this process's process groups, if it has any, when its peers may be gone: torch 2.14's
     destroy_process_group shuts nccl down gracefully, which waits on a dead peer (pytorch#141510); an abort does not
-    wait, and a collective another thread waits in fails. On gloo the abort only drops the groups (a collective in
-    flight fails when its dead peer's connection closes, not before), and is as quick."""
+    wait, and a collective another thread waits in fails. Gloo's abort neither closes its connections nor fails a
+    collective in flight, and the group outlives its destroy while DDP's hooks hold it: a rank waiting on a live peer
+    that had left the attempt waited out TIMEOUT_SECONDS (with 3 nodes, one lost: both survivors, on the local
+    cluster). So under gloo the group's connections are shut down first: the collective fails here and at every peer
+    waiting on this rank, at once."""
     with _ABORTING:
         if dist.is_initialized():
+            if dist.get_backend() == "gloo":
+                log.info("gloo: %d connection(s) of the attempt's group shut down", _cut_group_connections())
             _abort_process_group()
 
 
