@@ -188,6 +188,10 @@ class InPlace:
     def next_attempt(self, attempt: int | None, stopped: Callable[[], bool]) -> Join:
         """Parked (the caller tore its group down): wait for the supervisor to hand this process a later attempt."""
         PROCESS.set(ProcState.PARKED)
+        # Its heartbeat goes on while it waits: from now on it says "starting", not where the attempt over left it
+        # (a rank that went on from memory joined in the second its member reported that stale place as the new
+        # attempt's, and the hub named it hung).
+        restart_progress()
         floor = -1 if attempt is None else attempt
         join = self.notices.wait(lambda j: j.who == Who.SURVIVORS and j.attempt > floor, stopped)
         take(join)

@@ -14,7 +14,8 @@ hub, and not hearing from it is not a failure.
     change of progress, not per poll;
   - the controller cut off from the hub's node for longer than the grace period: following gives up
     without stopping anything, the job trains to the end, and a later launch reports it finished;
-  - launching a running job again attaches to it; stop-training.yml stops a running job on every node.
+  - launching a running job again attaches to it; stop-training.yml stops a running job on every node;
+  - a node lost with no spare (vidcluster_min_nodes=2): the job goes on with the other two from their memory.
 The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml copies once, every
 node keeps its own files in its own folder of the job.
 The whole module is the slow lane (`bash scripts/test.sh --slow`, about 12 minutes on 2 cores with test_resilience.py
@@ -27,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +51,7 @@ from tests.cluster.conftest import (
     playbook_env,
     stage_dataset,
 )
-from trainer.runtime.job.record import JobRecord
+from trainer.runtime.job.record import JobRecord, Kind
 
 CONFIG = "i3d_cpu_test"  # reads ~/data/vidcluster-test on every node
 # One home for all nodes, like NFS; sshd on port 2222, so known_hosts, the SSH check and the launch use [host]:2222.
@@ -545,3 +547,42 @@ def test_a_tiny_videomae_trains_on_two_nodes_and_a_relaunch_resumes_it_exactly(c
     digests = [json.loads((REPO / "runs" / job / "weights_digest.json").read_text()) for job in (ref, resumed)]
     assert all(d["identical"] and d["world_size"] == 2 for d in digests), digests
     assert digests[0]["digests"][0] == digests[1]["digests"][0]
+
+
+def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from_memory(cluster: LocalCluster
+                                                                                         ) -> None:
+    """Three trainers, no spare, vidcluster_min_nodes=2: node2's machine goes (every process of its namespace
+    killed) mid-run; the job trains to the end on node0 and node1 without a person, both survivors going on from the
+    step they held in memory (no checkpoint read), the global batch kept by accumulation, the change on record."""
+    job = f"{cluster.name}-shrink"
+    epochs = 20
+    play = launch_in_background(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}",
+                                "-e", "vidcluster_min_nodes=2", *training(epochs))  # fmt: skip
+    try:
+        wait_for_epoch(cluster, job, 5, play)
+        lost = cluster.nodes[2]
+        for pid in subprocess.run(["ip", "netns", "pids", lost.netns], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        out = finish(play, timeout=600)
+    finally:
+        cluster.create(len(cluster.nodes), *CLUSTER_ARGS)  # node2's sshd back, for the scenarios after this one
+    assert play.returncode == 0 and f"Job {job} finished" in flat(out), out[-4000:]
+    assert "node2 left the world (lost, no spare): 3 nodes -> 2" in flat(out), out[-4000:]
+    rec = JobRecord.read(node_state(cluster.nodes[0], job)["record"])
+    assert rec.assignment == {"node0": 0, "node1": 1} and rec.restarts == 1, rec
+    [change] = rec.world_changes
+    assert (change.left, change.before, change.after, change.cause) == (("node2",), 3, 2, Kind.LOST), change
+    # The survivors went on from memory: nothing trained twice, no checkpoint read, soon after the hub named the loss
+    # (restart_s: detection to the first step after it), neither waiting out node_wait (300 s) nor a collective's
+    # timeout (gloo: trainer.distributed.abort_groups). Issue 37 asks for a step and 2 s: 6.5 s here, idle.
+    metrics = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()]
+    [attempt] = [line for line in metrics if "attempt" in line]
+    assert attempt["resumed_from"] == "memory" and attempt["steps_lost"] == 0, attempt
+    assert attempt["restart_s"] < 20, attempt
+    log = (REPO / "runs" / job / "log.txt").read_text()
+    assert "resumed from" not in log, log[-3000:]
+    trained = [line["epoch"] for line in metrics if "epoch" in line and "attempt" not in line]
+    assert trained == list(range(1, epochs + 1)), trained
+    digest = json.loads((REPO / "runs" / job / "weights_digest.json").read_text())
+    assert digest["world_size"] == 2 and digest["identical"], digest
