@@ -2,8 +2,8 @@
 once per epoch. Pure functions; trainer.train and trainer.data.loader use them.
 
 The recipe's world is the number of processes the job was launched with (its first attempt's world): it is carried
-from attempt to attempt in memory (train.Kept) and in every checkpoint (``recipe_world``), because a later attempt's
-config no longer says it (the runtime's overrides shrink DDP_CONFIG.WOLRD_URLS). The global batch is
+from attempt to attempt in memory (trainer.continuation.Kept) and in every checkpoint (``recipe_world``), because a
+later attempt's config no longer says it (the runtime's overrides shrink DDP_CONFIG.WOLRD_URLS). The global batch is
 BATCH_SIZE x ACCUM_STEPS x that world.
 
 The epoch's global order is what the recipe's DistributedSampler deals out: the seeded permutation of the epoch,

@@ -54,6 +54,12 @@ LAST_RESUME_FILE = "last_resume.json"
 # Random number generators
 
 
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def rng_state(device: torch.device) -> dict[str, Any]:
     """This process's RNG states (torch CPU, the device's CUDA generator, numpy, random) as plain values."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

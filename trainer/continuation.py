@@ -1,0 +1,196 @@
+"""Where a run goes on from after a restart: what a process that restarts in place keeps across attempts (``Kept``:
+its model, its loaders while its rank and world stay, and its ``Memory`` of the last completed optimizer step), whether
+every rank of the next attempt holds the same step (``agreed_memory``: then no checkpoint is read), and where an epoch
+stands when a run goes on mid-epoch (``Continuation``), from memory or from a checkpoint, in the launch's world or in
+another (trainer.elastic). trainer.train builds the run from these."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.config import Config
+from trainer.distributed import DistContext, all_gather_object, broadcast_object
+from trainer.elastic import Accumulation, Recipe, continuation_seed, step_in_epoch
+from trainer.engine import EpochTally, TrainState
+from trainer.resume import EpochProgress, rng_state, seed_everything, set_rng_state
+from trainer.sharding import is_sharded
+
+log = logging.getLogger("trainer")
+
+RECIPE_WORLD_KEY = "recipe_world"  # a checkpoint's: the processes the job was launched with (trainer.elastic)
+
+
+@dataclass
+class Continuation:
+    """Where the start epoch stands when a run goes on mid-epoch: its starting LR, this rank's tally, the micro-batches
+    of this rank's pass to skip, and its RNG states (None: set from the run's history, trainer.elastic)."""
+
+    lr: float
+    tally: EpochTally
+    batches: int
+    rng: dict[str, Any] | None
+
+    def start(self, ctx: DistContext, cfg: Config, epoch: int, step: int) -> EpochTally:
+        if self.rng is not None:
+            set_rng_state(self.rng, ctx.device)
+        else:
+            seed_everything(continuation_seed(cfg.CONFIG.TRAIN.SEED, epoch, step, ctx.rank))
+        self.tally.batches = self.batches  # the pass counts its micro-batches from there
+        return self.tally
+
+
+@dataclass
+class Position:
+    """Where training stands after an optimizer step: the epoch, its starting LR (None: not begun), and this rank's
+    number and world size, tally (a copy: the step in progress adds to the live one) and RNG states then."""
+
+    step: int
+    epoch: int
+    lr: float | None
+    rank: int
+    world: int
+    tally: EpochTally
+    rng: dict[str, Any]
+
+    @classmethod
+    def after(cls, ctx: DistContext, step: int, epoch: int, lr: float | None, tally: EpochTally) -> Position:
+        copy = EpochTally(tally.sums.clone(), tally.clips, tally.batches, list(tally.bad), list(tally.fallback))
+        return cls(step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device))
+
+    def key(self) -> tuple[int, int, bool, int]:
+        """What every rank's memory must agree on."""
+        return self.step, self.epoch, self.lr is None, self.world
+
+
+@dataclass
+class Memory:
+    """A rank's training state after its last completed optimizer step, kept across a restart in place: the next
+    attempt goes on from it when every rank holds the same step (``agreed_memory``)."""
+
+    position: Position
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any]
+    best_top1: float
+    bad_videos: list[tuple[str, str]]
+
+    @classmethod
+    def of(cls, position: Position | None, state: TrainState, model: nn.Module, best_top1: float,
+           bad_videos: list[tuple[str, str]]) -> Memory | None:
+        """None when ``position`` is not that of the last step (a step was completing), or ``model`` is sharded."""
+        if position is None or position.step != state.step or is_sharded(model):
+            return None
+        return cls(position, state.optimizer.state_dict(), state.scheduler.state_dict(), state.scaler.state_dict(),
+                   best_top1, bad_videos)
+
+
+@dataclass
+class Kept:
+    """What a process that restarts in place keeps from one attempt to the next (trainer.inplace): its model (not
+    its weights, unless every rank of the next attempt holds the same step in memory: then it goes on from its
+    ``memory``) and, while its rank and the world size stay, its data loaders and their workers."""
+
+    rank: int
+    world_size: int
+    model: nn.Module  # unwrapped, on the device
+    loaders: tuple[object, object, object]  # train, val, precise BN
+    recipe: Recipe
+    memory: Memory | None  # its training state, when it is that of its last completed step
+
+    def loaders_for(self, ctx: DistContext) -> tuple[object, object, object] | None:
+        return self.loaders if (self.rank, self.world_size) == (ctx.rank, ctx.world_size) else None
+
+
+def agreed_memory(ctx: DistContext, kept: Kept | None) -> Memory | None:
+    """Every rank: this rank's memory when every rank of the attempt holds one of the same step (and epoch), else
+    None on every rank (then the checkpoint every rank agrees on is loaded: trainer.resume)."""
+    memory = kept.memory if kept is not None else None
+    keys = all_gather_object(memory.position.key() if memory is not None else None)
+    return memory if None not in keys and len(set(keys)) == 1 else None
+
+
+def restore_buffers(model: nn.Module, ctx: DistContext, own: list[torch.Tensor], position: Position) -> None:
+    """Every rank, going on from memory: the buffers (BatchNorm statistics, each rank's own during an epoch) of the rank
+    of its number in the attempt before (ranks may have been handed out anew), so the run goes on as uninterrupted; in
+    another world, those of the lowest rank left (the nearest to rank 0's, which the epoch's end gives every rank)."""
+    holders = all_gather_object(position.rank)
+    same_world = position.world == ctx.world_size  # the same on every rank: agreed_memory
+    wanted = range(ctx.world_size) if same_world else [min(holders)]
+    for old in wanted:
+        src = holders.index(old)
+        sent = broadcast_object([buffer.cpu() for buffer in own] if ctx.rank == src else None, src=src)
+        if ctx.rank == old or not same_world:
+            for buffer, value in zip(model.buffers(), sent, strict=True):
+                buffer.copy_(value)
+
+
+def run_recipe(cfg: Config, ctx: DistContext, kept: Kept | None, resume: dict[str, Any] | None) -> Recipe:
+    """The job's recipe: its world is the launch's, as the attempt before kept it, or as the checkpoint records it
+    (``recipe_world``; one written before it was recorded: the world it is resumed on), or this attempt's own."""
+    train = cfg.CONFIG.TRAIN
+    world = ctx.world_size
+    if kept is not None:
+        world = kept.recipe.world
+    elif resume is not None:
+        world = resume.get(RECIPE_WORLD_KEY, ctx.world_size)
+    return Recipe(world, train.BATCH_SIZE, train.ACCUM_STEPS)
+
+
+def go_on_from_memory(ctx: DistContext, state: TrainState, memory: Memory, epoch_steps: list[int],
+                      accumulation: Accumulation) -> tuple[int, float, Continuation | None]:
+    """The training state as it was after the last completed step (its partial gradients are gone with the attempt's
+    DDP wrapper: the epoch loop zeroes them): (start epoch, best top-1, where the epoch stands)."""
+    position = memory.position
+    state.optimizer.load_state_dict(memory.optimizer)
+    state.scheduler.load_state_dict(memory.scheduler)
+    state.scaler.load_state_dict(memory.scaler)
+    state.step = position.step
+    if position.lr is None:  # the epoch had not begun
+        return position.epoch, memory.best_top1, None
+    parts = sorted(all_gather_object((position.rank, {"tally": position.tally.record(), "rng": position.rng})),
+                   key=lambda part: part[0])
+    ranks = [part for _, part in parts]
+    if position.world != ctx.world_size:  # another world: no rank's state is another's
+        ranks = [{"tally": part["tally"]} for part in ranks]
+    progress = EpochProgress(position.epoch, position.tally.batches, position.lr, ranks)
+    return position.epoch, memory.best_top1, continuation(progress, ctx, position.step, epoch_steps, accumulation)
+
+
+def checkpoint_continuation(resume: dict[str, Any], ctx: DistContext, recipe: Recipe, epoch_steps: list[int],
+                            accumulation: Accumulation) -> Continuation | None:
+    """Where a mid-epoch checkpoint's epoch stands on this rank (None at an epoch's end). Written by as many processes
+    as this attempt has: each rank's own tally and RNG states; else (an elastic job, trainer.elastic) rank 0 takes
+    every rank's sums, and the pass starts after the steps done, in this world's micro-batches."""
+    progress = EpochProgress.of(resume, ctx, elastic=RECIPE_WORLD_KEY in resume)
+    return None if progress is None else continuation(progress, ctx, resume["step"], epoch_steps, accumulation)
+
+
+def continuation(progress: EpochProgress, ctx: DistContext, step: int, epoch_steps: list[int],
+                 accumulation: Accumulation) -> Continuation:
+    """This rank's part of where the epoch stood at ``step`` on every rank (a checkpoint's, or the ranks' memory):
+    the rank of the same number's tally and RNG states when the world is the same (the run goes on as uninterrupted);
+    in another world rank 0 takes every rank's sums, the RNG states are set from the run's history, and the pass
+    starts after the steps done, in this world's micro-batches (trainer.elastic)."""
+    if len(progress.ranks) == ctx.world_size and "rng" in progress.ranks[ctx.rank]:
+        mine = progress.ranks[ctx.rank]
+        return Continuation(progress.lr, EpochTally.from_record(mine["tally"], ctx.device), progress.batches,
+                            mine["rng"])
+    done = step_in_epoch(step, epoch_steps, progress.epoch)
+    return Continuation(progress.lr, progress.merged_tally(ctx), done * accumulation.micro_batches, None)
+
+
+def log_accumulation(ctx: DistContext, recipe: Recipe, kept: Kept | None) -> None:
+    """Say so when this attempt's world is not the attempt before's (or, at a resume, the launch's): the accumulation
+    before and after, the global batch kept."""
+    before = kept.world_size if kept is not None else recipe.world
+    if before == ctx.world_size:
+        return
+    log.warning("world of %d process(es) (launched on %d, the attempt before had %d): accumulation %d -> %d "
+                "micro-batch(es) of at most %d clip(s) per rank and step; global batch %d kept", ctx.world_size,
+                recipe.world, before, recipe.accumulation(before).micro_batches,
+                recipe.accumulation(ctx.world_size).micro_batches, recipe.batch, recipe.global_batch)
