@@ -266,11 +266,19 @@ FAST_JOB_ARGS = (
 
 
 def trainer_pid(job_id: str, node: str) -> int:
-    """A training process of the job on the node (every one of them carries its node's job folder and attempt)."""
+    """The job's trainer process on the node: of the processes that carry its node's job folder and attempt (its
+    data loader workers and spawned workers inherit them), the one its supervisor started (whose parent is none of
+    them). Pids are no order: a loader worker may have a lower one than its trainer."""
+    found = []
     for pid in job_processes(job_id):
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-        if f"/{job_id}/{node}\0".encode() in environ and b"VIDCLUSTER_TRAINER=" in environ:
-            return pid
+        with contextlib.suppress(OSError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            if f"/{job_id}/{node}\0".encode() in environ and b"VIDCLUSTER_TRAINER=" in environ:
+                found.append(pid)
+    for pid in found:
+        with contextlib.suppress(OSError):
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) not in found:
+                return pid
     raise AssertionError(f"no trainer of {job_id} on {node}")
 
 
