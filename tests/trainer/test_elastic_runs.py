@@ -88,8 +88,9 @@ class Node:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, rank: int, port: int, urls: tuple[str, ...]) -> subprocess.Popen[str]:
-        options = ["DDP_CONFIG.DISTRIBUTED", "True", "DDP_CONFIG.WORLD_SIZE", str(len(urls)),
-                   "DDP_CONFIG.TIMEOUT_SECONDS", str(COLLECTIVE_TIMEOUT_S), "CONFIG.DATA.DECODE_TIME_LIMIT", "5",
+        # WORLD_SIZE from the attempt's overrides, as a trainer started for it (a standby) gets it.
+        options = ["DDP_CONFIG.DISTRIBUTED", "True", "DDP_CONFIG.TIMEOUT_SECONDS", str(COLLECTIVE_TIMEOUT_S),
+                   "CONFIG.DATA.DECODE_TIME_LIMIT", "5",
                    *channel.attempt_overrides(rank, f"tcp://127.0.0.1:{port}", urls)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainer.train", "--config-file", str(self.cfg), *options], cwd=REPO,

@@ -95,9 +95,10 @@ class Notice:
 
 def attempt_overrides(rank: int, rendezvous: str, world_urls: Sequence[str]) -> list[str]:
     """An attempt's place in the job as the trainer's config overrides: the node's rank, rank 0's rendezvous, every
-    node's address in rank order (a spare or a new rank 0 changes all three)."""
+    node's address in rank order (a spare or a new rank 0 changes all three), and so their number (a smaller world:
+    a node left with no spare to take its rank)."""
     return ["DDP_CONFIG.WORLD_RANK", str(rank), "DDP_CONFIG.DIST_URL", rendezvous,
-            "DDP_CONFIG.WOLRD_URLS", json.dumps(list(world_urls))]
+            "DDP_CONFIG.WOLRD_URLS", json.dumps(list(world_urls)), "DDP_CONFIG.WORLD_SIZE", str(len(world_urls))]
 
 
 def make_folder(folder: str | Path) -> Path:
