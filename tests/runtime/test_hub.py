@@ -541,3 +541,60 @@ def test_a_long_step_phase_is_no_hang_while_no_rank_waits_for_it_nor_an_epochs_e
         j.ranks = ranks
         j.tick(1, "n0", "n1")
         assert j.record.phase == "running" and not j.hub.failures, ranks
+
+
+def shrunk(nodes: int = 3, **restarts: Any) -> Job:
+    """A job of ``nodes`` nodes, no spare, min_nodes 2: n2 falls silent, is lost, and attempt 1 starts on the others
+    (the record as the hub left it that second). n2's node then comes back with no trainer running."""
+    j = Job(plan(nodes=nodes, restarts={"min_nodes": 2, **restarts}))
+    others = [f"n{i}" for i in range(nodes) if i != 2]
+    j.tick(3, "n2", *others)
+    while j.record.attempt == 0:
+        assert j.now < 1000 + 3 + 2 * HT, j.log
+        j.tick(1, *others)
+    assert list(j.record.assignment) == others and "n2" in j.record.lost and j.record.restarts == 1
+    j.trainers["n2"] = dataclasses.replace(j.trainers["n2"], state=TrainerState.EXITED, rc=-9)
+    return j
+
+
+def test_a_lost_node_that_answers_again_joins_the_smaller_world_at_once_and_no_restart_is_counted() -> None:
+    """max_restarts 1, used by the loss: the grow needs none. n2 takes the next rank, n0 and n1 keep theirs, and the
+    record holds the leave, then the join."""
+    j = shrunk(max_restarts=1)
+    settle = j.hub.timings.settle
+    j.tick(1, "n0", "n1", "n2")  # every trainer of attempt 1 runs, n2 is back, but the attempt has not settled
+    assert j.record.attempt == 1 and "n2" not in j.record.lost and "n2 answered again" in j.log
+    j.tick(settle, "n0", "n1", "n2")
+    assert j.record.attempt == 2 and j.record.phase == "running" and j.record.restarts == 1
+    assert j.record.assignment == {"n0": 0, "n1": 1, "n2": 2}
+    assert j.record.world_urls == ("10.9.0.10", "10.9.0.11", "10.9.0.12")
+    cause = j.record.cause
+    assert cause is not None and (cause.node, cause.kind, cause.detect_s) == ("n2", Kind.JOINED, 0.0)
+    assert cause.reason == "n2 joins the world: 2 nodes -> 3" and j.record.attempts[2].stopped_at is None
+    left, joined = j.record.world_changes
+    assert (left.attempt, left.left, left.joined, left.cause) == (1, ("n2",), (), Kind.LOST)
+    assert (joined.attempt, joined.left, joined.joined, joined.before, joined.after, joined.cause) == (
+        2, (), ("n2",), 2, 3, Kind.JOINED)
+    assert joined.at == j.record.attempts[2].started_at
+    assert "attempt 2: n2 joins the world: 2 nodes -> 3" in j.log
+    assert j.record.goodput is not None and j.record.goodput.failures == 1  # the loss; a grow is no failure
+    j.tick(2 * settle, "n0", "n1", "n2")
+    assert j.record.attempt == 2  # full again: nothing to grow
+
+
+def test_no_grow_while_a_trainer_of_the_attempt_does_not_run_yet_nor_while_a_member_is_not_heard() -> None:
+    """n1's node has not reported its trainer of attempt 1 running: settled or not, the world grows only once it
+    does (a trainer still starting could not go on in place); nor once n1 has not been heard for the lease (it may be
+    going: the hub names it lost only later)."""
+    j = shrunk()
+    j.tick(j.hub.timings.settle + 3, "n0", "n2")
+    assert j.record.attempt == 1 and "n2" not in j.record.lost
+    j.tick(1, "n0", "n1", "n2")
+    assert j.record.attempt == 2 and j.record.assignment == {"n0": 0, "n1": 1, "n2": 2}
+    quiet = shrunk(nodes=5)  # n1 falls quiet while n2 is still away: the other three keep the majority
+    quiet.tick(1, "n0", "n1", "n3", "n4")
+    quiet.tick(quiet.hub.timings.lease + 1, "n0", "n3", "n4")
+    quiet.tick(1, "n0", "n2", "n3", "n4")  # n2 is back
+    assert quiet.record.attempt == 1 and quiet.record.lost == {} and quiet.record.phase == "running"
+    quiet.tick(1, "n0", "n1", "n2", "n3", "n4")
+    assert quiet.record.attempt == 2 and quiet.record.assignment == {"n0": 0, "n1": 1, "n3": 2, "n4": 3, "n2": 4}

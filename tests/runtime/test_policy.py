@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from trainer.runtime import schema
-from trainer.runtime.job.policy import decide
+from trainer.runtime.job.policy import decide, grow
 from trainer.runtime.job.record import Failure, Kind
 from trainer.runtime.job.verdict import exit_failure, first_failure, words
 
@@ -131,3 +131,34 @@ def test_a_dropped_straggler_leaves_the_world_without_taking_a_spare() -> None:
     assert dropped.assignment == {"node1": 0, "node2": 1}
     kept = choose(slow, min_nodes=3, drop_slow=True)  # too few would be left: it trains on
     assert kept.action == "restart" and kept.left == () and kept.assignment == {"node0": 0, "node1": 1, "node2": 2}
+
+
+def test_a_smaller_world_grows_back_to_its_full_size_every_node_keeping_its_rank() -> None:
+    """node1 left a 4-node world (ranks closed up); node1, back, and a spare join it: they take the next ranks, in
+    the order given, up to the full size, and nodes already in the world are never joiners."""
+    shrunk = {"node0": 0, "node2": 1}
+    back = grow(shrunk, 4, ("node2", "node1", "spare"))
+    assert back is not None and back.action == "restart" and back.joined == ("node1", "spare")
+    assert back.assignment == {"node0": 0, "node2": 1, "node1": 2, "spare": 3}
+    assert (back.left, back.replaced) == ((), {})
+    assert back.reason == "node1, spare join the world: 2 nodes -> 4"
+    capped = grow(shrunk, 3, ("node1", "spare"))
+    assert capped is not None and capped.joined == ("node1",) and capped.assignment == {**shrunk, "node1": 2}
+    assert capped.reason == "node1 joins the world: 2 nodes -> 3"
+
+
+def test_a_full_world_or_one_with_no_free_member_does_not_grow() -> None:
+    assert grow({"node0": 0, "node1": 1, "node2": 2}, 3, ("spare",)) is None  # full
+    assert grow({"node0": 0, "node1": 1}, 2, ("spare",)) is None  # full after a drop (the full size is less)
+    assert grow({"node0": 0, "node1": 1}, 3, ()) is None
+    assert grow({"node0": 0, "node1": 1}, 3, ("node1",)) is None  # in the world already
+
+
+def test_a_joiners_first_failure_is_not_its_second() -> None:
+    """The attempt before began with node1 joining (no failure): node1 killed now is a first failure, given another
+    try in its rank, not a repeat that takes the spare or ends the job."""
+    joined = Failure("node1", Kind.JOINED, "node1 joins the world: 2 nodes -> 3", at=0.5)
+    decision = choose(KILLED, previous=joined, available=("spare",), used=1)
+    assert decision.action == "restart" and decision.replaced == {}
+    assert decision.assignment == {"node0": 0, "node1": 1, "node2": 2}
+    assert choose(KILLED, previous=KILLED, available=("spare",), used=1).replaced == {"node1": "spare"}

@@ -125,3 +125,36 @@ def test_a_world_that_shrank_is_said_in_the_follow_the_status_and_the_end() -> N
     ended = record.changed(phase=Phase.ENDED, end=End(EndState.FINISHED, "attempt 1 trained to the end", None))
     end = report.end_report({"n0": {**status(ended, RUNNING), "state": "finished"}})
     assert world in end["summary"] and said in end["restarts"][0]
+
+
+def test_a_world_that_grew_back_is_said_as_one_that_shrank() -> None:
+    """n1 left at attempt 1 and joined again at attempt 2 (a grow, no failure: it counts toward no limit, so the
+    attempts' count grows with it)."""
+    launch = new_record(plans(job(["/home/a", "/home/b", "/home/c"]))["n0"], 1.7e9)
+    lost = Cause("n1", Kind.LOST, "it stopped answering the hub", 1.7e9 + 60, detected_at=1.7e9 + 64, detect_s=4.0,
+                 failed_step=120)
+    joined = Cause("n1", Kind.JOINED, "n1 joins the world: 2 nodes -> 3", 1.7e9 + 90, detected_at=1.7e9 + 90,
+                   failed_step=150)
+    smaller, full = {"n0": 0, "n2": 1}, {"n0": 0, "n2": 1, "n1": 2}
+    first = launch.attempts[0]
+    shrink = dataclasses.replace(first, attempt=1, started_at=1.7e9 + 66, cause=lost, assignment=smaller)
+    back = NodeTimeline(Start.PROCESS, "", 1.7e9 + 90.1, 1.7e9 + 94.0, 1.7e9 + 95.0, 1.7e9 + 95.2, 1.7e9 + 95.5)
+    stayed = NodeTimeline(Start.IN_PLACE, "", 1.7e9 + 90.2, 1.7e9 + 90.2, 1.7e9 + 95.0, 1.7e9 + 95.2, 1.7e9 + 95.4)
+    grown = dataclasses.replace(first, attempt=2, started_at=1.7e9 + 90, cause=joined, assignment=full,
+                                nodes={"n1": back, "n0": stayed, "n2": stayed})
+    changes = (WorldChange(attempt=1, at=1.7e9 + 66, left=("n1",), before=3, after=2, cause=Kind.LOST),
+               WorldChange(attempt=2, at=1.7e9 + 90, left=(), before=2, after=3, cause=Kind.JOINED, joined=("n1",)))
+    record = launch.changed(attempt=2, restarts=1, assignment=full, attempts=(first, shrink, grown),
+                            world_changes=changes)
+    assert JobRecord.read(record.to_json()) == record
+    assert report.attempt_lines(record.to_json())[1] == (
+        "attempt 2: the world grew at step 150; n1 joined the world: 2 nodes -> 3; ranks n0=0, n2=1, n1=2")
+    world = "world: 3 of the launch's 3 nodes (n1 left at attempt 1; n1 joined at attempt 2)"
+    assert world in report.summary_lines(status(record, RUNNING))
+    assert report.progress_line(status(record, None)).startswith(
+        "growing (attempt 3 of 5): n1 joins the world: 2 nodes -> 3; " + world)
+    assert "; attempt 3 of 5, after n1 joined; " + world in report.progress_line(status(record, RUNNING))
+    timeline = report.timeline_lines(record)[2]
+    assert timeline.startswith("attempt 2 (s): n1 joins the world: 2 nodes -> 3; n0 in place: started +0.2, ")
+    assert "; n1 process: started +0.1, imported +3.9, group +1.0, checkpoint +0.2, first step +0.3; " in timeline
+    assert timeline.endswith("; training again 5.5 s after the grow")

@@ -143,6 +143,7 @@ def test_a_dropped_straggler_leaves_the_world_without_the_spare_down_to_min_node
     until_named(j, "n1", *everyone)
     assert j.record.phase == "running" and j.record.stragglers["n1"].note == (
         "dropping it would leave 1 nodes, and the job trains on 2 at least (vidcluster_min_nodes)")
+    assert j.record.attempt == 1  # the spare never took n0's rank, not even by a grow of the smaller world
 
 
 def test_no_swap_flaps_one_per_node_and_a_cooldown_between_two() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from trainer.runtime import schema
 from trainer.runtime.host.channel import PHASES
 from trainer.runtime.job.record import (
+    Cause,
     End,
     EndState,
     Goodput,
@@ -117,8 +118,15 @@ def trainer_progress(progress: Mapping[str, Any] | None) -> str:
 
 
 def _attempt(record: JobRecord) -> str:
-    """'attempt 2 of 4' (attempts count from 1: the launch's and one per restart allowed)."""
-    return f"attempt {record.attempt + 1} of {record.max_restarts + 1}"
+    """'attempt 2 of 4' (attempts count from 1: the launch's, one per restart allowed, and one per grow so far: a grow
+    counts toward no limit)."""
+    grows = sum(1 for entry in record.attempts if _joined(entry.cause))
+    return f"attempt {record.attempt + 1} of {record.max_restarts + 1 + grows}"
+
+
+def _joined(cause: Cause | None) -> bool:
+    """The attempt began because nodes joined its world (a grow, no failure)."""
+    return cause is not None and cause.kind == Kind.JOINED
 
 
 def job_line(record: JobRecord, progress: Mapping[str, Any] | None) -> str:
@@ -134,6 +142,8 @@ def job_line(record: JobRecord, progress: Mapping[str, Any] | None) -> str:
     if record.phase == Phase.WAITING:
         return f"waiting ({_attempt(record)}): {record.waiting or 'for the nodes'}"
     if cause is not None and (progress or {}).get("state") in (None, "starting", *STOPPED_STATES):
+        if _joined(cause):
+            return f"growing ({_attempt(record)}): {cause.reason}"
         return f"restarting ({_attempt(record)}): {cause.node} {cause.kind}, detected in {cause.detect_s:.1f} s"
     return ""
 
@@ -147,7 +157,8 @@ def progress_line(status: Mapping[str, Any]) -> str:
     parts = [said or trainer_progress(progress)]
     if not said and record is not None and record.cause is not None:
         cause = record.cause
-        parts.append(f"{_attempt(record)}, after {cause.node} {cause.kind} (detected in {cause.detect_s:.1f} s)")
+        after = "joined" if _joined(cause) else f"{cause.kind} (detected in {cause.detect_s:.1f} s)"
+        parts.append(f"{_attempt(record)}, after {cause.node} {after}")
     if record is not None and record.stragglers:
         parts.append(straggler_words(record))
     if record is not None and record.world_changes:
@@ -165,7 +176,8 @@ def progress_line(status: Mapping[str, Any]) -> str:
 
 
 def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
-    """Every restart on record: number, cause, node, time to detect, steps lost, the nodes that left the world."""
+    """Every restart on record: number, cause, node, time to detect, steps lost, the nodes that left or joined the
+    world."""
     if record is not None and not isinstance(record, JobRecord):
         record = record_of({"record": record})
     lines = []
@@ -176,8 +188,10 @@ def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
             continue
         lost = cause.failed_step
         change = changes.get(entry.attempt)
+        said = ("the world grew" if _joined(cause) else
+                f"{cause.node} {cause.kind} ({cause.reason}); detected after {cause.detect_s} s")
         lines.append(
-            f"attempt {entry.attempt}: {cause.node} {cause.kind} ({cause.reason}); detected after {cause.detect_s} s"
+            f"attempt {entry.attempt}: {said}"
             + (f" at step {lost}" if lost is not None else "")
             + (f"; {change_words(change)}" if change is not None else "")
             + "; ranks " + ", ".join(f"{node}={rank}" for node, rank in entry.assignment.items()))
@@ -185,18 +199,23 @@ def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
 
 
 def change_words(change: WorldChange) -> str:
-    """'n1 left the world (lost, no spare): 3 nodes -> 2'."""
+    """'n1 left the world (lost, no spare): 3 nodes -> 2', 'n1 joined the world: 2 nodes -> 3'."""
+    sizes = f"{change.before} nodes -> {change.after}"
+    if change.cause == Kind.JOINED:
+        return f"{', '.join(change.joined)} joined the world: {sizes}"
     why = "lost, no spare" if change.cause == Kind.LOST else "a straggler, dropped"
-    return f"{', '.join(change.left)} left the world ({why}): {change.before} nodes -> {change.after}"
+    return f"{', '.join(change.left)} left the world ({why}): {sizes}"
 
 
 def world_words(record: JobRecord) -> str:
-    """'world: 2 of the launch's 3 nodes (n1 left at attempt 1)' ('' when it never changed)."""
+    """'world: 3 of the launch's 3 nodes (n1 left at attempt 1; n1 joined at attempt 2)' ('' when it never
+    changed)."""
     if not record.world_changes:
         return ""
     launched = len(record.attempts[0].assignment)
-    left = "; ".join(f"{', '.join(c.left)} left at attempt {c.attempt}" for c in record.world_changes)
-    return f"world: {len(record.assignment)} of the launch's {launched} nodes ({left})"
+    changes = "; ".join(f"{', '.join(c.joined)} joined at attempt {c.attempt}" if c.cause == Kind.JOINED
+                        else f"{', '.join(c.left)} left at attempt {c.attempt}" for c in record.world_changes)
+    return f"world: {len(record.assignment)} of the launch's {launched} nodes ({changes})"
 
 
 def _since(later: float | None, earlier: float | None) -> str:
@@ -227,13 +246,19 @@ def timeline_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
     lines = []
     for entry in record.attempts if record is not None else ():
         cause = entry.cause
-        head = "the launch" if cause is None else (
-            f"failure, named {_since(cause.detected_at, cause.at)}, over on every node "
-            f"{_since(entry.stopped_at, cause.detected_at)}, decided {_since(entry.started_at, entry.stopped_at)}")
+        if cause is None:
+            head = "the launch"
+        elif _joined(cause):  # decided at once, no stop: nothing to time before the nodes
+            head = cause.reason
+        else:
+            head = (f"failure, named {_since(cause.detected_at, cause.at)}, over on every node "
+                    f"{_since(entry.stopped_at, cause.detected_at)}, "
+                    f"decided {_since(entry.started_at, entry.stopped_at)}")
         parts = [node_phases(node, timeline, entry.started_at) for node, timeline in sorted(entry.nodes.items())]
         steps = [t.first_step for t in entry.nodes.values()]
         if cause is not None and steps and None not in steps and len(steps) == len(entry.assignment):
-            parts.append(f"training again {max(s for s in steps if s is not None) - cause.at:.1f} s after the failure")
+            event = "the grow" if _joined(cause) else "the failure"
+            parts.append(f"training again {max(s for s in steps if s is not None) - cause.at:.1f} s after {event}")
         lines.append(f"attempt {entry.attempt} (s): {'; '.join([head, *parts])}")
     return lines
 

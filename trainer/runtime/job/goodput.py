@@ -20,7 +20,7 @@ so the parts add up to the wall time. The counters are those of the slowest node
 wait for): its data wait is the job's.
 
 From the measured checkpoint cost (stall per checkpoint, delta) and the time between unplanned failures (M: the
-wall time over the failures; preemptions, user stops and straggler swaps lose nothing and do not count), Young's
+wall time over the failures; preemptions, user stops, straggler swaps and grows lose nothing and do not count), Young's
 interval sqrt(2 delta M) is the checkpoint interval that loses least (Young 1974; Daly 2006 refines it by delta, which
 is small here); a configured CHECKPOINT_MINUTES more than ``FAR`` times off it is worth changing, and the suggestion
 says to what.
@@ -35,7 +35,8 @@ from trainer.runtime.job.pace import Effort
 from trainer.runtime.job.record import Goodput, JobRecord, Kind
 
 FAR = 2.0  # a configured interval this many times longer or shorter than Young's is named
-PLANNED = (Kind.PREEMPTED, Kind.STOPPED, Kind.SLOW, Kind.REJECTED)  # interruptions that lose no training (or end it)
+# Interruptions that lose no training (or end it): a grow (joined) goes on from the trainers' memory.
+PLANNED = (Kind.PREEMPTED, Kind.STOPPED, Kind.SLOW, Kind.REJECTED, Kind.JOINED)
 
 
 def account(record: JobRecord, current: Effort | None, end: float) -> Goodput:

@@ -26,6 +26,13 @@ swapped for a spare: the attempt stops with a checkpoint at a common step and th
 rank, as a lost node is replaced. At each new attempt and at the end it writes the job's goodput
 (trainer.runtime.job.goodput).
 
+A world smaller than the launch's (a lost node left it, no spare taking its rank: trainer.runtime.job.policy) grows back
+while its attempt runs with nothing failed: once every trainer of the attempt runs and has settled, members free to
+take a rank (a lost node that answered again, a spare) join it (trainer.runtime.job.policy.grow; never in a dropped
+straggler's place). The next attempt starts at once, with no stopping phase: the nodes' trainers park in place and
+join it, the joiners start theirs (trainer.runtime.host.node). A grow is no failure: its attempt's cause is
+``joined``, and no restart is counted.
+
 An attempt starts only while a majority of the job's members (trainers and spares) have been heard within the lease
 (trainer.runtime.job.timing): two groups of nodes cut off from each other can never both train (see
 trainer.runtime.watch.supervisor).
@@ -39,7 +46,7 @@ from collections.abc import Callable, Mapping
 from trainer.runtime import layout, schema
 from trainer.runtime.job import goodput, straggler
 from trainer.runtime.job.pace import PaceBook, rounded
-from trainer.runtime.job.policy import Action, decide
+from trainer.runtime.job.policy import Action, Decision, decide, grow
 from trainer.runtime.job.record import (
     LAUNCH_VERSION,
     SCHEMA,
@@ -155,6 +162,8 @@ class Hub:
             self._check_running(now, wall)
             if self.record.phase == Phase.RUNNING and not self.failures:
                 self._check_stragglers(now, wall)
+            if self.record.phase == Phase.RUNNING and not self.failures:
+                self._check_grow(now, wall)
             if self.record.phase == Phase.STOPPING:  # its trainers may all have stopped already (parked, exited)
                 self._check_stopping(now, wall)
         elif phase == Phase.STOPPING:
@@ -292,6 +301,29 @@ class Hub:
         """Members that could take a rank in the next attempt: available, and not in this one."""
         return [node for node in self.members.available(now, self.record) if node not in self.record.assignment]
 
+    # -- growing -----------------------------------------------------------------------------------------------------
+
+    def _check_grow(self, now: float, wall: float) -> None:
+        """Bring a world smaller than the launch's back up with the members free to take a rank, at once. Only once
+        every trainer of the attempt runs, heard within the lease, and has settled (one still starting would not park
+        in place; a member not heard of late may be going), and with a majority heard (no attempt starts without one;
+        a running attempt keeps training meanwhile)."""
+        attempt, assignment = self.record.attempt, self.record.assignment
+        if now - self.phase_since < self.timings.settle or not self.members.has_quorum(now):
+            return
+        for node in assignment:
+            view = self.members[node]
+            trainer = view.trainer(attempt)
+            if trainer is None or not trainer.running or view.heard is None or now - view.heard > self.timings.lease:
+                return
+        # A dropped straggler's rank goes to no spare, then or later (straggler action drop).
+        dropped = sum(len(change.left) for change in self.record.world_changes if change.cause == Kind.SLOW)
+        decision = grow(assignment, len(self.record.attempts[0].assignment) - dropped, self._spares(now))
+        if decision is not None:
+            cause = Cause(decision.joined[0], Kind.JOINED, decision.reason, wall, detected_at=wall,
+                          failed_step=_step(self.progress))
+            self._restart(decision, cause, now, wall)
+
     # -- stopping and deciding -------------------------------------------------------------------------------------
 
     def _check_rejected(self, node: str, view: MemberView, wall: float) -> None:
@@ -365,7 +397,11 @@ class Hub:
                 self._change(phase=Phase.WAITING, waiting=decision.reason)
                 self.phase_since = now
         else:
-            self._restart(decision.assignment, decision.replaced, decision.left, decision.reason, now, wall)
+            first, detected_at = record.first_failure, record.detected_at
+            assert detected_at is not None
+            cause = Cause(**dataclasses.asdict(first), detected_at=detected_at,
+                          detect_s=round(detected_at - first.at, 1), failed_step=record.failed_step)
+            self._restart(decision, cause, now, wall)
 
     def _welcome_back(self, now: float) -> None:
         """Lost members heard again since they were lost, with no trainer running, may take part again."""
@@ -377,8 +413,8 @@ class Hub:
                 self.lost_at.pop(node, None)
             self._change(lost={n: why for n, why in self.record.lost.items() if n not in back})
 
-    def _restart(self, assignment: dict[str, int], replaced: Mapping[str, str], left: tuple[str, ...], reason: str,
-                 now: float, wall: float) -> None:
+    def _restart(self, decision: Decision, cause: Cause, now: float, wall: float) -> None:
+        """Start the next attempt as ``decision`` says, ``cause`` having ended this one (a failure, or a grow)."""
         if self.took_over and now - self.started < self.timings.takeover_wait:
             return  # a hub that took over lets the old attempt's last processes end first (trainer.runtime.job.timing)
         if not self.members.has_quorum(now):
@@ -388,35 +424,34 @@ class Hub:
                 self.majority_until = now + self.plan.restarts.node_wait
                 self._change(phase=Phase.WAITING, waiting=f"a majority of members ({fresh} heard, {needed} needed)")
             elif self.majority_until is not None and now > self.majority_until:
-                self._end(EndState.FAILED, f"{reason}; but only {fresh} of the job's {len(self.members)} members "
-                          f"could be heard ({needed} needed) for {self.plan.restarts.node_wait:.0f} s", wall)
+                self._end(EndState.FAILED, f"{decision.reason}; but only {fresh} of the job's {len(self.members)} "
+                          f"members could be heard ({needed} needed) for {self.plan.restarts.node_wait:.0f} s", wall)
             return
+        assignment = decision.assignment
         rank0 = next(node for node, rank in assignment.items() if rank == 0)
         ip = next(m.ip for m in self.plan.members if m.name == rank0)
         report = self.members[rank0].report
         port = report.port_offer if report is not None and report.port_offer else self.plan.port
         rendezvous = f"tcp://{layout.url_host(ip)}:{port}"
-        first, detected_at = self.record.first_failure, self.record.detected_at
-        assert first is not None and detected_at is not None
         attempt = self.record.attempt + 1
-        cause = Cause(**dataclasses.asdict(first), detected_at=detected_at,
-                      detect_s=round(detected_at - first.at, 1), failed_step=self.record.failed_step)
         entry = Attempt(attempt=attempt, started_at=wall, assignment=assignment, rendezvous=rendezvous, cause=cause,
                         stopped_at=self.stopped_at, nodes={})
-        self.log(f"attempt {attempt}: {reason}")
+        self.log(f"attempt {attempt}: {decision.reason}")
         changes = self.record.world_changes
-        if left:
-            dropped = first.kind == Kind.SLOW and first.node in left  # a straggler dropped; else lost nodes
-            changes = (*changes, WorldChange(attempt=attempt, at=wall, left=left, before=len(self.record.assignment),
-                                             after=len(assignment), cause=Kind.SLOW if dropped else Kind.LOST))
+        if decision.left or decision.joined:
+            dropped = cause.kind == Kind.SLOW and cause.node in decision.left  # a straggler dropped
+            why = Kind.JOINED if decision.joined else Kind.SLOW if dropped else Kind.LOST
+            changes = (*changes, WorldChange(attempt=attempt, at=wall, left=decision.left, joined=decision.joined,
+                                             before=len(self.record.assignment), after=len(assignment), cause=why))
         self.failures, self.first_seen, self.wait_until, self.majority_until = [], None, None, None
         self.stopped_at = None
         self.acted = True
         self.slow.reset()
         self._change(attempt=attempt, phase=Phase.RUNNING, assignment=assignment, rendezvous=rendezvous,
                      world_urls=world_urls(self.plan, assignment), attempts=(*self.record.attempts, entry),
-                     restarts=self.record.restarts + 1, first_failure=None, detected_at=None, failed_step=None,
-                     waiting="", stragglers=straggler.swapped(self.record, replaced, left), spent=self._spent(),
+                     restarts=self.record.restarts + (0 if cause.kind == Kind.JOINED else 1),  # a grow is no failure
+                     first_failure=None, detected_at=None, failed_step=None, waiting="",
+                     stragglers=straggler.swapped(self.record, decision.replaced, decision.left), spent=self._spent(),
                      world_changes=changes)
         self._change(goodput=goodput.account(self.record, None, wall))
         self.phase_since = now

@@ -1,5 +1,6 @@
 """The restart policy: once an attempt has ended badly, end the job, wait for a lost node, or restart, and with which
-nodes in which ranks. Pure: the hub (trainer.runtime.job.hub) feeds it what it knows and carries out the decision.
+nodes in which ranks; and while an attempt runs on fewer nodes than the launch's, whether nodes join it (``grow``).
+Pure: the hub (trainer.runtime.job.hub) feeds it what it knows and carries out the decision.
 
 In order:
 1. a user's stop ends the job (stopped); a bad input (the trainer's exit status 2) ends it (failed): a restart
@@ -20,6 +21,12 @@ In order:
    straggler trains on;
 6. otherwise the same nodes restart in the same ranks.
 Every restart counts toward ``max_restarts``, preemptions included.
+
+``grow``: while an attempt runs, nothing failed, on fewer nodes than the launch's (rule 4 made it smaller), members
+free to take a rank (a lost node that answered again, a spare) join it at once, in ``available``'s order, up to the
+launch's number of nodes less the stragglers dropped (a drop gives no spare their rank, then or later). Every node
+keeps its rank and the joiners take the next ones, so rank 0 and the node with the second copy of the checkpoints stay
+where they are. A grow is no failure and does not count toward ``max_restarts``.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class Decision:
     end_state: EndState | None = None  # end: failed or stopped
     waiting_for: tuple[str, ...] = ()  # wait: the lost nodes
     left: tuple[str, ...] = ()  # restart: nodes that leave the world, no spare taking their rank (in rank order)
+    joined: tuple[str, ...] = ()  # restart (a grow): nodes that join the world (in their new rank order)
 
 
 def same_way(a: Failure, b: Failure) -> bool:
@@ -82,7 +90,8 @@ def decide(
     min_nodes: int,
     drop_slow: bool = False,
 ) -> Decision:
-    """``first``: the attempt's first failure; ``previous``: the previous attempt's, when this attempt was a restart;
+    """``first``: the attempt's first failure; ``previous``: the previous attempt's, when this attempt was a restart
+    (what ended it: a grow's ``joined`` is no failure, and a joiner's first failure is not its second);
     ``lost``: node -> why, for assigned nodes that are lost; ``available``: idle members that may join (spares first,
     in member order); ``waited``: the wait for the lost nodes is over; ``min_nodes``: the fewest nodes the job trains
     on (``len(assignment)``: it never shrinks); ``drop_slow``: a straggler leaves the world rather than take a spare
@@ -97,7 +106,8 @@ def decide(
         left = ("restarts are off (max_restarts 0)" if max_restarts == 0
                 else f"no restart left ({restarts_used} of {max_restarts} used)")
         return Decision(Action.END, f"{said}; {left}", end_state=EndState.FAILED)
-    again = previous is not None and previous.node == first.node and first.node not in lost
+    again = (previous is not None and previous.kind != Kind.JOINED and previous.node == first.node
+             and first.node not in lost)
     spares = [node for node in available if node not in assignment]
     replaced: dict[str, str] = {}
     waiting: list[str] = []
@@ -140,3 +150,16 @@ def decide(
                 f"{len(assignment) - len(left)}")
     return Decision(Action.RESTART, why, assignment=_ranks_after(assignment, replaced, left), replaced=replaced,
                     left=left)
+
+
+def grow(assignment: Mapping[str, int], full: int, available: Sequence[str]) -> Decision | None:
+    """The restart that brings a smaller world back up to ``full`` nodes (the launch's, less the stragglers dropped:
+    see the module docstring); ``available``: members that may take a rank, in the order they are taken. None when the
+    world is full already, or no member can join it."""
+    joiners = tuple(node for node in available if node not in assignment)[:max(0, full - len(assignment))]
+    if not joiners:
+        return None
+    ranks = {**assignment, **{node: len(assignment) + i for i, node in enumerate(joiners)}}
+    why = (f"{', '.join(joiners)} {'joins' if len(joiners) == 1 else 'join'} the world: {len(assignment)} nodes -> "
+           f"{len(ranks)}")
+    return Decision(Action.RESTART, why, assignment=ranks, joined=joiners)

@@ -6,7 +6,7 @@ attempt so far (what ended the one before, when the hub named it, when the one b
 timeline: how its trainer started and when it reached each phase), the restarts used, the members lost, where each
 member's supervisor listens, and how the job ended; the nodes named slow (trainer.runtime.job.straggler), what each
 attempt's trainers spent (trainer.runtime.job.pace), the job's goodput (trainer.runtime.job.goodput) and every change
-of its world size (nodes that left it, no spare taking their ranks). Its ``version``
+of its world size (nodes that left it, no spare taking their ranks; nodes that joined it again). Its ``version``
 grows with every change and its ``term`` with every new hub, so ``newer_than`` orders any two records of a job; a hub
 that takes over carries on from the newest a member kept.
 
@@ -32,7 +32,7 @@ from trainer.runtime import schema
 from trainer.runtime.job.pace import Effort
 from trainer.runtime.schema import JsonObject
 
-SCHEMA = 3  # 3: world_changes
+SCHEMA = 4  # 3: world_changes; 4: joins (WorldChange.joined, Kind.JOINED)
 # The record every node makes from the plan before it hears a hub (trainer.runtime.job.hub.new_record).
 LAUNCH_VERSION = 1
 
@@ -63,6 +63,8 @@ class Kind(StrEnum):
     EXITED = "exited"
     SLOW = "slow"  # named a straggler and swapped for a spare (trainer.runtime.job.straggler): not a failure of its own
     PARKED = "parked"
+    # Not a failure: the attempt before ended because nodes joined its world (trainer.runtime.job.policy.grow).
+    JOINED = "joined"
 
 
 class RecordError(schema.SchemaError):
@@ -149,15 +151,17 @@ class Straggler:
 
 @dataclass(frozen=True)
 class WorldChange:
-    """The world of an attempt smaller than the one before (trainer.runtime.job.policy): nodes left it, no spare
-    taking their ranks. The trainer keeps the global batch over the nodes left."""
+    """The world of an attempt of another size than the one before (trainer.runtime.job.policy): smaller when nodes
+    left it, no spare taking their ranks; larger again when nodes joined it (a lost node back, a spare free) while it
+    was smaller than the launch's. The trainer keeps the global batch in either."""
 
     attempt: int  # the attempt that starts with the new world
     at: float  # wall clock: the hub's decision
     left: tuple[str, ...]  # the nodes that left (in their old rank order)
     before: int  # nodes in the attempt before
     after: int  # nodes in this attempt
-    cause: Kind  # what made them leave: lost, or slow (a straggler dropped)
+    cause: Kind  # why: lost, or slow (a straggler dropped) when nodes left; joined when nodes joined
+    joined: tuple[str, ...] = ()  # the nodes that joined (in their new rank order)
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ class JobRecord:
     stragglers: dict[str, Straggler]  # node -> when it was named slow, and whether a spare replaced it
     spent: tuple[Spent, ...]  # the ended attempts' efforts
     goodput: Goodput | None  # as of the last attempt's start, or the end
-    world_changes: tuple[WorldChange, ...] = ()  # every attempt that started with fewer nodes than the one before
+    world_changes: tuple[WorldChange, ...] = ()  # every attempt that started on more or fewer nodes
 
     def __post_init__(self) -> None:
         if self.schema != SCHEMA:

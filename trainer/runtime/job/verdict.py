@@ -17,6 +17,9 @@ of the failed part's last sign of life (the exit its supervisor saw, its last he
                (trainer.runtime.job.straggler): every trainer checkpoints at a common step first
     parked     the trainer left its attempt and waits in place for the next one (it lost its peers)
 
+and one kind that is no failure and no node names: ``joined``, the cause of an attempt that started because nodes
+joined a world smaller than the launch's (trainer.runtime.job.policy.grow); it is never judged here.
+
 When one node fails, its peers fail soon after, in the collective they were waiting in ("connection closed by peer"):
 those are consequences. So the first failure is the earliest one of the most telling tier of kinds: a bad input or a
 user's stop; then what happened to a node from outside (killed, frozen, lost: whichever came first); then a
