@@ -1,17 +1,21 @@
 """Where a run goes on from after a restart: what a process that restarts in place keeps across attempts (``Kept``:
 its model, its loaders while its rank and world stay, and its ``Memory`` of the last completed optimizer step), whether
-every rank of the next attempt holds the same step (``agreed_memory``: then no checkpoint is read), and where an epoch
-stands when a run goes on mid-epoch (``Continuation``), from memory or from a checkpoint, in the launch's world or in
-another (trainer.elastic). trainer.train builds the run from these."""
+the ranks of the next attempt that hold a memory hold the same step (``shared_memory``: then no checkpoint is read, and
+a rank that holds none, a process new to the job, receives it from a peer), and where an epoch stands when a run goes
+on mid-epoch (``Continuation``), from memory or from a checkpoint, in the launch's world or in another
+(trainer.elastic). trainer.train builds the run from these."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from trainer.config import Config
 from trainer.distributed import DistContext, all_gather_object, broadcast_object
@@ -47,7 +51,8 @@ class Continuation:
 @dataclass
 class Position:
     """Where training stands after an optimizer step: the epoch, its starting LR (None: not begun), and this rank's
-    number and world size, tally (a copy: the step in progress adds to the live one) and RNG states then."""
+    number and world size, tally, RNG states and model buffers then (copies: the step in progress adds to the tally,
+    and its forward pass moves BatchNorm's running statistics before a lost peer fails it)."""
 
     step: int
     epoch: int
@@ -56,21 +61,30 @@ class Position:
     world: int
     tally: EpochTally
     rng: dict[str, Any]
+    buffers: list[torch.Tensor]
 
     @classmethod
-    def after(cls, ctx: DistContext, step: int, epoch: int, lr: float | None, tally: EpochTally) -> Position:
+    def after(cls, ctx: DistContext, step: int, epoch: int, lr: float | None, tally: EpochTally, model: nn.Module
+              ) -> Position:
         copy = EpochTally(tally.sums.clone(), tally.clips, tally.batches, list(tally.bad), list(tally.fallback))
-        return cls(step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device))
+        buffers = [buffer.detach().clone() for buffer in model.buffers()]
+        return cls(step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device), buffers)
 
     def key(self) -> tuple[int, int, bool, int]:
         """What every rank's memory must agree on."""
         return self.step, self.epoch, self.lr is None, self.world
 
+    def portable(self) -> Position:
+        """A copy to send to a peer: its tensors on the CPU, without the buffers (they go with the weights:
+        ``recall_buffers``)."""
+        return dataclasses.replace(self, tally=EpochTally.from_record(self.tally.record(), torch.device("cpu")),
+                                   buffers=[])
+
 
 @dataclass
 class Memory:
     """A rank's training state after its last completed optimizer step, kept across a restart in place: the next
-    attempt goes on from it when every rank holds the same step (``agreed_memory``)."""
+    attempt goes on from it when every rank that holds one holds the same step (``shared_memory``)."""
 
     position: Position
     optimizer: dict[str, Any]
@@ -78,15 +92,31 @@ class Memory:
     scaler: dict[str, Any]
     best_top1: float
     bad_videos: list[tuple[str, str]]
+    recipe: Recipe
 
     @classmethod
     def of(cls, position: Position | None, state: TrainState, model: nn.Module, best_top1: float,
-           bad_videos: list[tuple[str, str]]) -> Memory | None:
+           bad_videos: list[tuple[str, str]], recipe: Recipe) -> Memory | None:
         """None when ``position`` is not that of the last step (a step was completing), or ``model`` is sharded."""
         if position is None or position.step != state.step or is_sharded(model):
             return None
         return cls(position, state.optimizer.state_dict(), state.scheduler.state_dict(), state.scaler.state_dict(),
-                   best_top1, bad_videos)
+                   best_top1, bad_videos, recipe)
+
+    def portable(self) -> Memory:
+        """A copy whose tensors are on the CPU, to send to a peer (its optimizer moves the state to its own device)."""
+        return dataclasses.replace(self, position=self.position.portable(),
+                                   optimizer=tree_map_only(torch.Tensor, torch.Tensor.cpu, self.optimizer))
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """The memory an attempt goes on from, on each rank: its own, or, on a rank that holds none (a spare, a node back
+    in the world, a process new to the job: ``joiners``), the donor's, received."""
+
+    memory: Memory
+    donor: int  # the lowest rank that holds it
+    joiners: tuple[int, ...]  # the ranks that received it (the same on every rank)
 
 
 @dataclass
@@ -99,27 +129,52 @@ class Kept:
     world_size: int
     model: nn.Module  # unwrapped, on the device
     loaders: tuple[object, object, object]  # train, val, precise BN
-    recipe: Recipe
     memory: Memory | None  # its training state, when it is that of its last completed step
 
     def loaders_for(self, ctx: DistContext) -> tuple[object, object, object] | None:
         return self.loaders if (self.rank, self.world_size) == (ctx.rank, ctx.world_size) else None
 
 
-def agreed_memory(ctx: DistContext, kept: Kept | None) -> Memory | None:
-    """Every rank: this rank's memory when every rank of the attempt holds one of the same step (and epoch), else
-    None on every rank (then the checkpoint every rank agrees on is loaded: trainer.resume)."""
+def shared_memory(ctx: DistContext, kept: Kept | None) -> SharedMemory | None:
+    """Every rank: the memory the attempt goes on from, when the ranks that hold one (those that restarted in place)
+    hold the same step (and epoch, and world): a rank that holds none receives the lowest such rank's, so a node that
+    joins the world (a spare, a node back) starts from its peers' step, not from a checkpoint. Else None on every rank
+    (none holds one, or they differ): the checkpoint every rank agrees on is loaded (trainer.resume)."""
     memory = kept.memory if kept is not None else None
     keys = all_gather_object(memory.position.key() if memory is not None else None)
-    return memory if None not in keys and len(set(keys)) == 1 else None
+    held = {key for key in keys if key is not None}
+    if len(held) != 1:
+        return None
+    donor = keys.index(held.pop())
+    joiners = tuple(rank for rank, key in enumerate(keys) if key is None)
+    if joiners:
+        sent = broadcast_object(memory.portable() if memory is not None and ctx.rank == donor else None, src=donor)
+        memory = memory if memory is not None else sent
+    assert memory is not None
+    return SharedMemory(memory, donor, joiners)
 
 
-def restore_buffers(model: nn.Module, ctx: DistContext, own: list[torch.Tensor], position: Position) -> None:
-    """Every rank, going on from memory: the buffers (BatchNorm statistics, each rank's own during an epoch) of the rank
-    of its number in the attempt before (ranks may have been handed out anew), so the run goes on as uninterrupted; in
-    another world, those of the lowest rank left (the nearest to rank 0's, which the epoch's end gives every rank)."""
+def recall_buffers(model: nn.Module, ctx: DistContext, shared: SharedMemory) -> None:
+    """Every rank, before DDP wraps the model: its buffers as they were after the step it goes on from (a rank that
+    holds the memory: a step in progress moved them); when ranks joined, the donor's weights and buffers on every rank
+    (a joiner's model is a fresh one, or holds another step's; DDP's own broadcast at wrapping is rank 0's, which may
+    be a joiner)."""
+    if ctx.rank not in shared.joiners:
+        for buffer, value in zip(model.buffers(), shared.memory.position.buffers, strict=True):
+            buffer.copy_(value)
+    if shared.joiners:
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=shared.donor)
+
+
+def restore_buffers(model: nn.Module, ctx: DistContext, position: Position) -> None:
+    """Every rank, going on from its own memory (no rank joined), once DDP gave every rank rank 0's: the buffers
+    (BatchNorm statistics, each rank's own during an epoch) of the rank of its number in the attempt before (ranks
+    may have been handed out anew), so the run goes on as uninterrupted; in another world, those of the lowest rank
+    left (the nearest to rank 0's, which the epoch's end gives every rank)."""
+    own = position.buffers
     holders = all_gather_object(position.rank)
-    same_world = position.world == ctx.world_size  # the same on every rank: agreed_memory
+    same_world = position.world == ctx.world_size  # the same on every rank: shared_memory
     wanted = range(ctx.world_size) if same_world else [min(holders)]
     for old in wanted:
         src = holders.index(old)
@@ -129,22 +184,24 @@ def restore_buffers(model: nn.Module, ctx: DistContext, own: list[torch.Tensor],
                 buffer.copy_(value)
 
 
-def run_recipe(cfg: Config, ctx: DistContext, kept: Kept | None, resume: dict[str, Any] | None) -> Recipe:
-    """The job's recipe: its world is the launch's, as the attempt before kept it, or as the checkpoint records it
-    (``recipe_world``; one written before it was recorded: the world it is resumed on), or this attempt's own."""
+def run_recipe(cfg: Config, ctx: DistContext, memory: Memory | None, resume: dict[str, Any] | None) -> Recipe:
+    """The job's recipe: its world is the launch's, as the memory the attempt goes on from keeps it, or as the
+    checkpoint records it (``recipe_world``; one written before it was recorded: the world it is resumed on), or this
+    attempt's own."""
     train = cfg.CONFIG.TRAIN
     world = ctx.world_size
-    if kept is not None:
-        world = kept.recipe.world
+    if memory is not None:
+        world = memory.recipe.world
     elif resume is not None:
         world = resume.get(RECIPE_WORLD_KEY, ctx.world_size)
     return Recipe(world, train.BATCH_SIZE, train.ACCUM_STEPS)
 
 
-def go_on_from_memory(ctx: DistContext, state: TrainState, memory: Memory, epoch_steps: list[int],
+def go_on_from_memory(ctx: DistContext, state: TrainState, shared: SharedMemory, epoch_steps: list[int],
                       accumulation: Accumulation) -> tuple[int, float, Continuation | None]:
     """The training state as it was after the last completed step (its partial gradients are gone with the attempt's
     DDP wrapper: the epoch loop zeroes them): (start epoch, best top-1, where the epoch stands)."""
+    memory = shared.memory
     position = memory.position
     state.optimizer.load_state_dict(memory.optimizer)
     state.scheduler.load_state_dict(memory.scheduler)
@@ -152,10 +209,10 @@ def go_on_from_memory(ctx: DistContext, state: TrainState, memory: Memory, epoch
     state.step = position.step
     if position.lr is None:  # the epoch had not begun
         return position.epoch, memory.best_top1, None
-    parts = sorted(all_gather_object((position.rank, {"tally": position.tally.record(), "rng": position.rng})),
-                   key=lambda part: part[0])
-    ranks = [part for _, part in parts]
-    if position.world != ctx.world_size:  # another world: no rank's state is another's
+    own = ctx.rank not in shared.joiners  # a joiner's position is the donor's: its tally counted there
+    parts = all_gather_object((position.rank, {"tally": position.tally.record(), "rng": position.rng}) if own else None)
+    ranks = [part for _, part in sorted((part for part in parts if part is not None), key=lambda part: part[0])]
+    if position.world != ctx.world_size or shared.joiners:  # another world, or a rank's state gone: none is another's
         ranks = [{"tally": part["tally"]} for part in ranks]
     progress = EpochProgress(position.epoch, position.tally.batches, position.lr, ranks)
     return position.epoch, memory.best_top1, continuation(progress, ctx, position.step, epoch_steps, accumulation)
@@ -184,10 +241,10 @@ def continuation(progress: EpochProgress, ctx: DistContext, step: int, epoch_ste
     return Continuation(progress.lr, progress.merged_tally(ctx), done * accumulation.micro_batches, None)
 
 
-def log_accumulation(ctx: DistContext, recipe: Recipe, kept: Kept | None) -> None:
+def log_accumulation(ctx: DistContext, recipe: Recipe, kept: Kept | None, memory: Memory | None) -> None:
     """Say so when this attempt's world is not the attempt before's (or, at a resume, the launch's): the accumulation
     before and after, the global batch kept."""
-    before = kept.world_size if kept is not None else recipe.world
+    before = memory.position.world if memory is not None else kept.world_size if kept is not None else recipe.world
     if before == ctx.world_size:
         return
     log.warning("world of %d process(es) (launched on %d, the attempt before had %d): accumulation %d -> %d "

@@ -120,6 +120,7 @@ def step_in_epoch(step: int, steps_per_epoch: list[int], epoch: int) -> int:
 
 
 def continuation_seed(seed: int, epoch: int, step: int, rank: int) -> int:
-    """The RNG seed of a rank that goes on at ``step`` in a changed world or from memory: its states from before are
-    another rank's or mid-step, so they are set from what the run's history says alone."""
+    """The RNG seed of rank ``rank`` after optimizer step ``step`` (of ``epoch``): every rank reseeds after each step
+    (trainer.train.after_step), so what a rank draws next depends only on the run's history, and a rank that goes on
+    at ``step`` in another world, or joins the job there, draws what the rank of its number would have drawn."""
     return seed + 1_000_003 * (epoch + 1) + 7919 * (step + 1) + rank

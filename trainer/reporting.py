@@ -103,8 +103,9 @@ def attempt_record(attempt: dict[str, Any], resumed_step: int, first_step_at: fl
     step, unix time: the node clocks must agree), and the steps trained again (null when the failed step is not
     known). The failed step is the last one rank 0 had reported when the hub named the failure; after a stop where
     every rank checkpointed at its next step (a preemption, a straggler's swap) the attempt resumes past it, and
-    nothing was trained twice. ``resumed_from``: "memory" when every rank went on from the step it held in memory
-    (no checkpoint loaded: trainer.train.agreed_memory), else the checkpoint file's name ("" a fresh start)."""
+    nothing was trained twice. ``resumed_from``: "memory" when every rank went on from the step it or a peer held in
+    memory (no checkpoint loaded: trainer.continuation.shared_memory), else the checkpoint file's name ("" a fresh
+    start)."""
     failed = attempt["failed_step"]
     return {"attempt": attempt["attempt"], "cause": attempt["cause"], "node": attempt["node"],
             "detect_s": attempt["detect_s"], "restart_s": round(first_step_at - attempt["detected_at"], 3),

@@ -57,12 +57,13 @@ from trainer.continuation import (
     Kept,
     Memory,
     Position,
-    agreed_memory,
     checkpoint_continuation,
     go_on_from_memory,
     log_accumulation,
+    recall_buffers,
     restore_buffers,
     run_recipe,
+    shared_memory,
 )
 from trainer.coordination import StepControl, StopRequest, stop_signals
 from trainer.data import build_dataset, build_loader, loader_workers
@@ -81,7 +82,7 @@ from trainer.distributed import (
     launch,
     rejoin,
 )
-from trainer.elastic import Accumulation, Recipe
+from trainer.elastic import Accumulation, Recipe, continuation_seed
 from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.errors import Preempted, first_line, lost_peer, reading_checkpoint, report_user_errors
 from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
@@ -235,16 +236,16 @@ def park(run: Run | None, kept: Kept | None) -> Kept | None:
     if run is None:
         return kept
     unwrap_ddp(run.model)
-    memory = Memory.of(run.position, run.state, run.raw_model, run.best_top1, run.bad_videos.items())
+    memory = Memory.of(run.position, run.state, run.raw_model, run.best_top1, run.bad_videos.items(), run.recipe)
     return Kept(run.ctx.rank, run.ctx.world_size, run.raw_model,
-                (run.train_loader, run.val_loader, run.precise_bn_loader), run.recipe, memory)
+                (run.train_loader, run.val_loader, run.precise_bn_loader), memory)
 
 
 def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | None = None,
                 place: InPlace | None = None) -> Run:
-    """Datasets, checkpoint writers, the model and its training state (from memory, when every rank holds the same
-    step; else resumed when there is a checkpoint); ``kept``: what this process kept from the attempt before (restart
-    in place)."""
+    """Datasets, checkpoint writers, the model and its training state (from memory, when the ranks that hold one hold
+    the same step: a rank that holds none receives a peer's; else resumed when there is a checkpoint); ``kept``: what
+    this process kept from the attempt before (restart in place)."""
     out = run_dir(cfg)
     setup_logging(ctx, out / cfg.CONFIG.LOG.LOG_FILENAME, cfg.CONFIG.LOG.LEVEL)
     train = cfg.CONFIG.TRAIN
@@ -261,7 +262,8 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
     if sharded:
         require_one_checkpoint_dir(ctx, writer is not None, out)
 
-    memory = agreed_memory(ctx, kept)
+    shared = shared_memory(ctx, kept)
+    memory = shared.memory if shared is not None else None
     resume = None
     reading = f"CONFIG.TRAIN.RESUME {train.RESUME!r} (checkpoints in {ckpt_dir})"
     if memory is None:
@@ -269,7 +271,7 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
             kept.memory = None  # the checkpoint goes into its model: what it held is gone
         with reading_checkpoint(reading):
             resume = load_resume_state(ctx, train.RESUME, ckpt_dir, out / METRICS_FILE, writer is not None)
-    recipe = run_recipe(cfg, ctx, kept if memory is not None else None, resume)
+    recipe = run_recipe(cfg, ctx, memory, resume)
     accumulation = recipe.accumulation(ctx.world_size)
     train_loader, val_loader, precise_bn_loader = attempt_loaders(cfg, ctx, kept, recipe)
     epoch_steps = [-(-batches // accumulation.micro_batches)
@@ -284,21 +286,27 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
     if resume is not None and not sharded:
         with reading_checkpoint(reading):
             model.load_state_dict(resume["model"])  # before DDP wraps it: DDP then broadcasts rank 0's weights
+    if shared is not None:
+        recall_buffers(model, ctx, shared)
     PROCESS.mark("checkpoint")
     raw_model = model
-    own_buffers = [buffer.clone() for buffer in model.buffers()] if memory is not None else []
     model = wrap_ddp(model, ctx, cfg, accumulation.micro_batches)  # every rank takes rank 0's parameters and buffers
-    if memory is not None:
-        restore_buffers(raw_model, ctx, own_buffers, memory.position)
+    if shared is not None and not shared.joiners:  # every rank goes on from its own memory
+        restore_buffers(raw_model, ctx, shared.memory.position)
 
     lr = effective_lr(cfg, recipe.global_batch)
     optimizer = build_optimizer(cfg, raw_model, lr)
     state = TrainState(optimizer, build_scheduler(cfg, optimizer, epoch_steps), grad_scaler(ctx.device, train.AMP))
     start_epoch, best_top1, progress, resumed_from = 0, -1.0, None, ""
-    if memory is not None:
-        start_epoch, best_top1, progress = go_on_from_memory(ctx, state, memory, epoch_steps, accumulation)
+    if shared is not None:
+        start_epoch, best_top1, progress = go_on_from_memory(ctx, state, shared, epoch_steps, accumulation)
         resumed_from = "memory"
-        log.info("continued from memory at step %d (epoch %d)", state.step, start_epoch + 1)
+        if ctx.rank in shared.joiners:
+            # Said on its own rank (its INFO lines are not logged): a node new to the job is worth a line.
+            log.warning("rank %d joined at step %d (epoch %d) from rank %d's memory, no checkpoint read", ctx.rank,
+                        state.step, start_epoch + 1, shared.donor)
+        else:
+            log.info("continued from memory at step %d (epoch %d)", state.step, start_epoch + 1)
     elif resume is not None:
         with reading_checkpoint(reading):
             if sharded:  # each rank its own shards, as this run shards the model
@@ -313,7 +321,7 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
         log.info("resumed from %s at epoch %d, step %d%s", resume["path"], start_epoch, state.step,
                  "" if progress is None else f" (mid-epoch: {progress.batches} batch(es) of epoch "
                                              f"{start_epoch + 1} done)")
-    log_accumulation(ctx, recipe, kept)
+    log_accumulation(ctx, recipe, kept, memory)
 
     state.clock = start_clock(raw_model, ctx, state.step, train.CHECKPOINT_MINUTES)
     steps_per_epoch = epoch_steps[min(start_epoch, train.EPOCH_NUM - 1)]
@@ -372,7 +380,7 @@ def run_epoch(run: Run, epoch: int) -> None:
         epoch_lr, tally = run.progress.lr, run.progress.start(ctx, cfg, epoch, state.step)
         skip_batches(run.train_loader, run.progress.batches)
         run.progress = None
-    run.position = Position.after(ctx, state.step, epoch, epoch_lr, tally)
+    run.position = Position.after(ctx, state.step, epoch, epoch_lr, tally, run.raw_model)
     metrics: dict[str, object] = {"lr": epoch_lr}
     metrics.update(train_one_epoch(run.model, run.train_loader, state, ctx, cfg, epoch, run.reporter, tally,
                                    functools.partial(after_step, run, epoch, epoch_lr), run.accumulation))
@@ -410,7 +418,7 @@ def run_epoch(run: Run, epoch: int) -> None:
     log.info("epoch %d/%d %s", done, train.EPOCH_NUM,
              " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     run.reporter.epoch_end(done, metrics)
-    run.position = Position.after(ctx, state.step, done, None, EpochTally.start(ctx.device))  # its record is written
+    run.position = Position.after(ctx, state.step, done, None, EpochTally.start(ctx.device), run.raw_model)  # written
     if save or is_best:
         with state.clock.stalled():
             submit_checkpoint(run, done, metrics, is_best=is_best)
@@ -430,7 +438,10 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     """What every rank does after an optimizer step: agree on a checkpoint or a stop (one all-reduce), report the
     step, record a restarted attempt after its first step."""
     state = run.state
-    run.position = Position.after(run.ctx, state.step, epoch, epoch_lr, tally)
+    # Every rank's randomness from here depends on the run's history alone, so a rank that takes this one's place at
+    # this step (a process new to the job, another world) draws what it would have drawn.
+    seed_everything(continuation_seed(run.cfg.CONFIG.TRAIN.SEED, epoch, state.step, run.ctx.rank))
+    run.position = Position.after(run.ctx, state.step, epoch, epoch_lr, tally, run.raw_model)
     if run.samples is not None:
         log_samples(run.samples, state.step, epoch, run.ctx, tally.step_samples)
     with state.clock.waiting():

@@ -206,7 +206,8 @@ def test_a_model_trained_here_saved_in_a_zoo_format_gives_a_fine_tune_a_head_sta
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Train on left/right, save as a Caffe2 .pkl (PySlowFast's zoo format), fine-tune on left/right/up for one
-    epoch: better validation accuracy than the same epoch from scratch; then predict from the checkpoint alone."""
+    epoch: a lower validation loss than the same epoch from scratch (its top-1, over a few videos of 3 classes, moves
+    in coarse steps: after one epoch both may still be at chance); then predict from the checkpoint alone."""
     source = write_config(tmp_path / "source.yaml", synthetic_dataset, tmp_path / "source", TRAIN={"EPOCH_NUM": 4})
     train.main(["--config-file", str(source)])
     trained = build_model("i3d_tiny", 2)
@@ -214,13 +215,13 @@ def test_a_model_trained_here_saved_in_a_zoo_format_gives_a_fine_tune_a_head_sta
                                        weights_only=True)["model"])
     zoo_file = save_as("caffe2", trained, tmp_path / "I3D_TINY.pkl")
 
-    accuracy = {}
+    loss = {}
     for run, model in (("scratch", {}), ("finetune", {"LOAD": True, "PRETRAINED_PATH": str(zoo_file)})):
         cfg = write_config(tmp_path / f"{run}.yaml", related_task, tmp_path / run, TRAIN={"EPOCH_NUM": 1},
                            MODEL={"NAME": "i3d_tiny", **model})
         train.main(["--config-file", str(cfg)])
-        accuracy[run] = metrics(tmp_path / run)[-1]["val_top1"]
-    assert accuracy["finetune"] > accuracy["scratch"], accuracy
+        loss[run] = metrics(tmp_path / run)[-1]["val_loss"]
+    assert loss["finetune"] < loss["scratch"], loss
 
     # Predict on another machine with only best.pth: no config, and a config naming the cluster's class index.
     best = tmp_path / "finetune" / "checkpoints" / "best.pth"
