@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_map_only
 
 from trainer.config import Config
 from trainer.distributed import DistContext, all_gather_object, broadcast_object
-from trainer.elastic import Accumulation, Recipe, continuation_seed, step_in_epoch
+from trainer.elastic import Accumulation, Recipe, continuation_seed, epoch_seed, step_in_epoch
 from trainer.engine import EpochTally, TrainState
 from trainer.resume import EpochProgress, rng_state, seed_everything, set_rng_state
 from trainer.sharding import is_sharded
@@ -40,10 +40,13 @@ class Continuation:
     rng: dict[str, Any] | None
 
     def start(self, ctx: DistContext, cfg: Config, epoch: int, step: int) -> EpochTally:
+        seed = cfg.CONFIG.TRAIN.SEED
         if self.rng is not None:
             set_rng_state(self.rng, ctx.device)
+        elif self.batches == 0:  # no step of the epoch done: what its start set, not the step before's reseed
+            seed_everything(epoch_seed(seed, epoch, ctx.rank))
         else:
-            seed_everything(continuation_seed(cfg.CONFIG.TRAIN.SEED, epoch, step, ctx.rank))
+            seed_everything(continuation_seed(seed, epoch, step, ctx.rank))
         self.tally.batches = self.batches  # the pass counts its micro-batches from there
         return self.tally
 

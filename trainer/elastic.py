@@ -119,6 +119,12 @@ def step_in_epoch(step: int, steps_per_epoch: list[int], epoch: int) -> int:
     return step - sum(steps_per_epoch[:epoch])
 
 
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The RNG seed of rank ``rank`` as ``epoch`` begins (trainer.train.run_epoch): the epoch's randomness depends only
+    on (seed, epoch, rank), so a resumed run replays it exactly."""
+    return seed + 1_000_003 * (epoch + 1) + rank
+
+
 def continuation_seed(seed: int, epoch: int, step: int, rank: int) -> int:
     """The RNG seed of rank ``rank`` after optimizer step ``step`` (of ``epoch``): every rank reseeds after each step
     (trainer.train.after_step), so what a rank draws next depends only on the run's history, and a rank that goes on

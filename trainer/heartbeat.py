@@ -37,6 +37,13 @@ GRADIENTS = COLLECTIVE + "gradients"  # the gradient all-reduce
 STEP_WEIGHT = 0.2  # the usual step time follows each new step by this much (an exponential average)
 
 
+class _Beating:
+    """This process's heartbeat file, once it beats."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+
 class _Measured:
     """What this process's beats carry: its step clock's effort, once a clock is there (``measure``)."""
 
@@ -55,6 +62,7 @@ class _Progress:
         self.where = Where(step=0, phase=STARTING, since=now, step_at=now, step_s=None)
 
 
+_BEATING = _Beating()
 _MEASURED = _Measured()
 _PROGRESS = _Progress()
 WATCHED = "_vidcluster_watched"  # a parameter's mark: its gradient marks GRADIENTS (watch_gradients)
@@ -91,8 +99,13 @@ def watch_gradients(model: Any) -> None:
 
 
 def restart_progress() -> None:
-    """A new attempt in this process (restart in place): its steps count from its start."""
+    """A new attempt in this process (restart in place): its steps count from its start. Said at once, not at the next
+    beat: the supervisor hands the next attempt as soon as the process parks, and a report of that attempt carrying
+    the place where the attempt before left it (its step stopped seconds ago, in a collective) names it hung."""
     _PROGRESS.restart()
+    if _BEATING.path is not None:
+        with contextlib.suppress(OSError):
+            _write_where(_BEATING.path)
 
 
 def measure(source: EffortSource) -> None:
@@ -100,8 +113,12 @@ def measure(source: EffortSource) -> None:
     _MEASURED.effort = source
 
 
-def _write(path: Path) -> None:
+def _write_where(path: Path) -> None:
     atomic.write(path.with_name(path.name + WHERE_SUFFIX), json.dumps(schema.dump(_PROGRESS.where)), atomic.SHARED)
+
+
+def _write(path: Path) -> None:
+    _write_where(path)
     atomic.write(path, beat_text(Beat(at=round(time.monotonic(), 3), effort=_MEASURED.effort())), atomic.SHARED)
 
 
@@ -124,4 +141,5 @@ def start_heartbeat() -> None:
     atexit.register(lambda: (path.unlink(missing_ok=True),
                              path.with_name(path.name + WHERE_SUFFIX).unlink(missing_ok=True)))
     _write(path)
+    _BEATING.path = path
     threading.Thread(target=_beat, args=(path, interval), name="vidcluster-heartbeat", daemon=True).start()

@@ -82,7 +82,7 @@ from trainer.distributed import (
     launch,
     rejoin,
 )
-from trainer.elastic import Accumulation, Recipe, continuation_seed
+from trainer.elastic import Accumulation, Recipe, continuation_seed, epoch_seed
 from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
 from trainer.errors import Preempted, first_line, lost_peer, reading_checkpoint, report_user_errors
 from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
@@ -102,11 +102,6 @@ from trainer.weights.pretrained import InitialWeights, initial_weights, initiali
 log = logging.getLogger("trainer")
 
 SAMPLE_LOG_DIR = "samples"  # LOG.SAMPLE_LOG: rank<R>.jsonl in the run directory
-
-
-def epoch_seed(cfg: Config, epoch: int, rank: int) -> int:
-    """Randomness of an epoch depends only on (SEED, epoch, rank), so a resumed run replays it exactly."""
-    return cfg.CONFIG.TRAIN.SEED + 1_000_003 * (epoch + 1) + rank
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -372,7 +367,7 @@ def run_epoch(run: Run, epoch: int) -> None:
     """Train one epoch (or its rest, resumed mid-epoch), validate when due, log, checkpoint."""
     ctx, cfg, state = run.ctx, run.cfg, run.state
     train, log_cfg = cfg.CONFIG.TRAIN, cfg.CONFIG.LOG
-    seed_everything(epoch_seed(cfg, epoch, ctx.rank))
+    seed_everything(epoch_seed(train.SEED, epoch, ctx.rank))
     for loader in (run.train_loader, run.precise_bn_loader):  # the same loader twice without a separate one
         set_loader_epoch(loader, epoch)
     epoch_lr, tally = schedule_lr(state.optimizer), EpochTally.start(ctx.device)

@@ -14,7 +14,7 @@ import torch
 from trainer import heartbeat
 from trainer.runtime import schema
 from trainer.runtime.contract import HEARTBEAT_DIR_ENV, WHERE_SUFFIX
-from trainer.runtime.watch.messages import COMPUTE, DATA, EVALUATE, STARTING, Where
+from trainer.runtime.watch.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, STARTING, Where
 
 
 class Clock:
@@ -75,6 +75,21 @@ def test_each_beat_writes_where_beside_it(clock: Clock, tmp_path: Path, monkeypa
     heartbeat._write(beat)
     written = schema.parse(Where, json.loads((tmp_path / f"4242{WHERE_SUFFIX}").read_text()), "where")
     assert written == where() and beat.is_file()
+
+
+def test_a_new_attempt_in_place_says_it_starts_at_once_not_at_the_next_beat(clock: Clock, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its supervisor hands it the next attempt as soon as it parks: a report of that attempt read before the next beat
+    # must not carry where the attempt before stopped (the hub would name it hung).
+    beat = tmp_path / "4242"
+    monkeypatch.setattr(heartbeat._BEATING, "path", beat)
+    step(clock, 0.5, 1.0)
+    heartbeat.at(COLLECTIVE + "agree")
+    heartbeat._write(beat)
+    clock.now += 11  # its peer was lost: it waited in the collective
+    heartbeat.restart_progress()
+    written = schema.parse(Where, json.loads((tmp_path / f"4242{WHERE_SUFFIX}").read_text()), "where")
+    assert (written.step, written.phase, written.since) == (0, STARTING, clock.now), written
 
 
 def test_a_models_gradients_mark_the_all_reduce_with_one_hook_however_often_it_is_watched(clock: Clock) -> None:
