@@ -13,7 +13,7 @@ vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without 
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
 bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; 15 to 30 minutes),
 bench/elastic.py (a node lost with no spare: torchrun --nnodes=1:2, torchft and restart in place side by side; needs
-torchft from requirements-dev.txt; about 3 minutes),
+torchft from requirements-dev.txt; about 2 minutes),
 bench/watch_scale.py (the watch with a real hub and 64, 256 and 1,024 stand-in members; about 10 minutes).
 --quick: fewer clips, steps and epochs, and no restarts, elastic or watch section unless --only names it; without it,
 more of each (steadier ratios).
@@ -255,7 +255,7 @@ SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "decoders": decoder_rows, "gpu": gpu_rows, "launch": launch_rows, "checkpoint": checkpoint_rows,
     "restarts": restart_rows, "elastic": elastic_rows, "watch": watch_rows,
 }
-# whole jobs under several launchers (15 to 30 minutes; the elastic ones: about 3 minutes, and torchft), the watch at
+# whole jobs under several launchers (15 to 30 minutes; the elastic ones: about 2 minutes, and torchft), the watch at
 # fleet size (about 10 minutes): --quick leaves them out unless named
 LONG = ("restarts", "elastic", "watch")
 

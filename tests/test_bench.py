@@ -1,5 +1,5 @@
 """python -m bench --quick stays quick: the restart comparison (whole jobs under several launchers, about 15 minutes),
-the elastic one (about 3 minutes) and the watch at fleet size (about 10 minutes) run only when asked for by name, or
+the elastic one (about 2 minutes) and the watch at fleet size (about 10 minutes) run only when asked for by name, or
 in a full run."""
 
 from __future__ import annotations
