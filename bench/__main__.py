@@ -1,7 +1,7 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
     .venv/bin/python -m bench [--quick]
-        [--only loader ddp fsdp hfstep multigrid decoders gpu launch checkpoint restarts watch]
+        [--only loader ddp fsdp hfstep multigrid decoders gpu launch checkpoint restarts elastic watch]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
@@ -12,9 +12,11 @@ vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without 
 (launch-training.yml to the first step on a 2-node local cluster; root; skipped otherwise), bench/checkpoint.py (the
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
 bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; 15 to 30 minutes),
+bench/elastic.py (a node lost with no spare: torchrun --nnodes=1:2, torchft and restart in place side by side; needs
+torchft from requirements-dev.txt; about 2 minutes),
 bench/watch_scale.py (the watch with a real hub and 64, 256 and 1,024 stand-in members; about 10 minutes).
---quick: fewer clips, steps and epochs, and no restarts or watch section unless --only names it; without it, more of
-each (steadier ratios).
+--quick: fewer clips, steps and epochs, and no restarts, elastic or watch section unless --only names it; without it,
+more of each (steadier ratios).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from bench import (
     checkpoint,
     ddp,
     decoders,
+    elastic,
     fsdp,
     gpu_step,
     hf_step,
@@ -195,6 +198,31 @@ def restart_rows(quick: bool) -> list[Row]:
     return rows
 
 
+def elastic_rows(quick: bool) -> list[Row]:
+    arms = elastic.compare()
+    met = elastic.goals(arms)
+    ours = next(arm for arm in arms if arm.name == "ours")
+    best = min((arm for arm in arms if arm is not ours), key=lambda arm: arm.stall_s)
+    rows: list[Row] = []
+    for arm in arms:
+        mine = arm is ours
+        rows += [
+            (f"a node lost with no spare, {arm.name}{' (detection driven by the bench, 0 s)' if mine else ''}: the "
+             f"survivor's stall, s (a step: {arm.step_s:.2f} s)",
+             f"{arm.stall_s:.1f}", f"{best.stall_s:.1f}" if mine else "",
+             arm.stall_s / best.stall_s if mine and best.stall_s else None, "the smallest" if mine else "reference",
+             met["ours: the smallest stall"] if mine else None),
+            ("  steps trained again", str(arm.again), "", None, "0" if mine else "info",
+             met["ours: 0 steps trained again"] if mine else None),
+            ("  global batch before -> after", f"{arm.batch_before} -> {arm.batch_after}", "", None,
+             "unchanged" if mine else "info", met["ours: the global batch unchanged"] if mine else None),
+            ("  checkpoints loaded / final val top-1 % / wall s",
+             f"{arm.loads} / {'-' if arm.top1 is None else f'{arm.top1:.1f}'} / {arm.wall_s:.0f}", "", None, "info",
+             None),
+        ]
+    return rows
+
+
 def watch_rows(quick: bool) -> list[Row]:
     after = watch_scale.run()
     before = {r["members"]: r for r in watch_scale.run(watch_scale.BEFORE_SIZES, before=True)}
@@ -225,11 +253,11 @@ def watch_rows(quick: bool) -> list[Row]:
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "fsdp": fsdp_rows, "hfstep": hf_step_rows, "multigrid": multigrid_rows,
     "decoders": decoder_rows, "gpu": gpu_rows, "launch": launch_rows, "checkpoint": checkpoint_rows,
-    "restarts": restart_rows, "watch": watch_rows,
+    "restarts": restart_rows, "elastic": elastic_rows, "watch": watch_rows,
 }
-# whole jobs under several launchers (15 to 30 minutes), the watch at fleet size (about 10 minutes): --quick leaves
-# them out unless named
-LONG = ("restarts", "watch")
+# whole jobs under several launchers (15 to 30 minutes; the elastic ones: about 2 minutes, and torchft), the watch at
+# fleet size (about 10 minutes): --quick leaves them out unless named
+LONG = ("restarts", "elastic", "watch")
 
 
 def sections(quick: bool, only: list[str] | None) -> list[str]:
