@@ -15,7 +15,8 @@ hub, and not hearing from it is not a failure.
   - the controller cut off from the hub's node for longer than the grace period: following gives up
     without stopping anything, the job trains to the end, and a later launch reports it finished;
   - launching a running job again attaches to it; stop-training.yml stops a running job on every node;
-  - a node lost with no spare (vidcluster_min_nodes=2): the job goes on with the other two from their memory.
+  - a node lost with no spare (vidcluster_min_nodes=2): the job goes on with the other two from their memory; a
+    node that hangs, then answers again, rejoins the running job from a peer's memory.
 The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml copies once, every
 node keeps its own files in its own folder of the job.
 The whole module is the slow lane (`bash scripts/test.sh --slow`, about 12 minutes on 2 cores with test_resilience.py
@@ -586,3 +587,54 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
     assert trained == list(range(1, epochs + 1)), trained
     digest = json.loads((REPO / "runs" / job / "weights_digest.json").read_text())
     assert digest["world_size"] == 2 and digest["identical"], digest
+
+
+def freeze(node: Node, sig: signal.Signals) -> None:
+    """``sig`` (SIGSTOP, SIGCONT) to every process of the node's namespace: its machine hangs, or answers again."""
+    for pid in subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), sig)
+
+
+def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cluster: LocalCluster) -> None:
+    """Three trainers, no spare, vidcluster_min_nodes=2: node2's machine hangs (every process of its namespace
+    stopped: silent, as a machine cut off) and the world shrinks to node0 and node1; then node2 answers again: its
+    stale trainer is stopped and a new one joins the running job as rank 2, from rank 0's memory (no checkpoint read
+    anywhere), the accumulation back to the launch's. The grow is not a restart."""
+    job = f"{cluster.name}-grow"
+    epochs = 60
+    play = launch_in_background(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}",
+                                "-e", "vidcluster_min_nodes=2", *training(epochs))  # fmt: skip
+    lost = cluster.nodes[2]
+    try:
+        wait_for_epoch(cluster, job, 5, play)
+        freeze(lost, signal.SIGSTOP)
+        deadline = time.monotonic() + 120
+        while not JobRecord.read(node_state(cluster.nodes[0], job)["record"]).world_changes:
+            assert time.monotonic() < deadline and play.poll() is None, "the world never shrank"
+            time.sleep(0.2)
+        thawed = time.time()
+        freeze(lost, signal.SIGCONT)
+        out = finish(play, timeout=600)
+    finally:
+        freeze(lost, signal.SIGCONT)
+    assert play.returncode == 0 and f"Job {job} finished" in flat(out), out[-4000:]
+    rec = JobRecord.read(node_state(cluster.nodes[0], job)["record"])
+    assert rec.assignment == {"node0": 0, "node1": 1, "node2": 2} and rec.restarts == 1, rec
+    left, joined = rec.world_changes
+    assert (left.left, left.before, left.after, left.cause) == (("node2",), 3, 2, Kind.LOST), left
+    assert (joined.joined, joined.before, joined.after, joined.cause) == (("node2",), 2, 3, Kind.JOINED), joined
+    metrics = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()]
+    attempts = [line for line in metrics if "attempt" in line]
+    assert [(a["cause"], a["resumed_from"], a["steps_lost"]) for a in attempts] == [
+        ("lost", "memory", 0), ("joined", "memory", 0)], attempts
+    log = (REPO / "runs" / job / "log.txt").read_text()
+    assert "resumed from" not in log and "accumulation 1 -> 2" in log and "accumulation 2 -> 1" in log, log[-3000:]
+    node2_log = (node_job_dir(lost, job) / "train.log").read_text()
+    assert "rank 2 joined at step" in node2_log and "from rank 0's memory" in node2_log, node2_log[-3000:]
+    first_step = rec.attempts[-1].nodes["node2"].first_step
+    assert first_step is not None and first_step - thawed < 60, (first_step - thawed, rec.attempts[-1])
+    trained = [line["epoch"] for line in metrics if "epoch" in line and "attempt" not in line]
+    assert trained == list(range(1, epochs + 1)), trained
+    digest = json.loads((REPO / "runs" / job / "weights_digest.json").read_text())
+    assert digest["world_size"] == 3 and digest["identical"], digest
