@@ -9,9 +9,11 @@ machine, one slurmd per namespace host, munge, a login host, a shared home) that
   - launch-training.yml (2 nodes, gloo, heartbeat timeout 10 s): a job trains to the end with the allocation's
     ranks (the reference: its final weights); beside it, a trainer killed restarts in the same allocation (no
     requeue) with the reference's weights; a node lost with a spare in the allocation: the spare takes its rank, no
-    requeue; a node lost without one: Slurm requeues the job, which resumes and finishes; a time limit shorter than
-    the training: every rank checkpoints at one step, the job requeues and loses no step; training-status.yml shows
-    the queue and the progress, stop-training.yml stops the job at a checkpoint and it leaves the queue.
+    requeue; a node lost without one, 3 trainers and vidcluster_min_nodes=2: the world shrinks inside the allocation,
+    no requeue; a node lost without a spare, 2 trainers: Slurm requeues the job, which resumes and finishes; a time
+    limit shorter than the training: every rank checkpoints at one step, the job requeues and loses no step;
+    training-status.yml shows the queue and the progress, stop-training.yml stops the job at a checkpoint and it
+    leaves the queue.
 Slurm's view of each job: scontrol (its Restarts) and its completion log (jobcomp/filetxt: one line per run of a job,
 requeued runs included; this cluster has no accounting database for sacct).
 Slow (a Slurm cluster and whole jobs): the slow lane, `bash scripts/test.sh --slow`.
@@ -52,7 +54,7 @@ from trainer.runtime.layout import STOP_REQUEST_FILE
 
 pytestmark = pytest.mark.slow
 
-COMPUTE = 4  # compute nodes (a lost one is not brought back); the cluster has one more host, its login host
+COMPUTE = 5  # compute nodes (a lost one is not brought back); the cluster has one more host, its login host
 CONFIG = "i3d_cpu_test"
 LAUNCH_ARGS = ("-e", f"config={CONFIG}", *FAST_JOB_ARGS)
 
@@ -378,6 +380,29 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_allocation(cluster: LocalCl
     assert " Restarts=0 " in shown and len(runs) == 1, (shown, runs)
     assert digest(job) == reference["digest"]
     wait_until_slurm_gives_it_no_job(cluster, rank1)
+
+
+def test_a_lost_node_without_a_spare_shrinks_the_world_inside_the_allocation(cluster: LocalCluster) -> None:
+    """Three trainers, no spare, vidcluster_min_nodes=2: a node lost leaves the world and the other two go on from
+    memory in the same allocation (one Slurm run, no requeue), to the end."""
+    job = f"{cluster.name}-shrink"
+    play = launch(cluster, job, EPOCHS, "-e", "vidcluster_slurm_nodes=3", "-e", "vidcluster_min_nodes=2")
+    wait_for_epoch(cluster, job, 2, play)
+    record = final_record(cluster, job)
+    rank2 = next(n for n in compute(cluster) if record["assignment"].get(n.name) == 2)
+    lose(rank2)
+    out = finish(play)
+    assert play.returncode == 0 and f"Job {job} finished" in flat(out), out[-4000:]
+    record = final_record(cluster, job)
+    assert len(record["assignment"]) == 2 and rank2.name not in record["assignment"], record["assignment"]
+    [change] = record["world_changes"]
+    assert (change["left"], change["before"], change["after"], change["cause"]) == ([rank2.name], 3, 2, "lost")
+    assert len(account(cluster, job)["allocations"]) == 1
+    shown, runs = slurm_view(cluster, job)
+    assert " Restarts=0 " in shown and len(runs) == 1 and " JobState=COMPLETED " in runs[-1], (shown, runs)
+    (restarted,) = attempts(job)
+    assert restarted["resumed_from"] == "memory" and restarted["steps_lost"] == 0, restarted
+    wait_until_slurm_gives_it_no_job(cluster, rank2)
 
 
 def test_a_lost_node_without_a_spare_requeues_the_job_which_resumes(cluster: LocalCluster, reference: dict) -> None:
