@@ -429,7 +429,9 @@ def test_a_launch_prints_what_matters_in_at_most_150_lines(cluster: LocalCluster
     assert len(lines) <= 150, f"{len(lines)} lines:\n{proc.stdout}"
     out = flat(proc.stdout)
     assert f"Job {job} started: 2 node(s) (node0, node1), 2 process(es), gloo" in out  # where the job runs
-    assert f"{job}: running: epoch 8/8 done" in out and f"Job {job} finished; last epoch:" in out
+    # A progress line as the epochs pass (which ones depends on where the 5 s polls fall: the last epoch's "8/8 done"
+    # lasts as long as the final checkpoint, which a loaded machine's poll may not see), then the result.
+    assert re.search(rf"{job}: running: epoch [1-8]/8 done", out) and f"Job {job} finished; last epoch:" in out, out
     assert "skipping: [" not in proc.stdout and "included: " not in proc.stdout
     # The hub's supervisor left as soon as every member had the end, not a heartbeat timeout (60 s) later.
     ended = re.search(r"^supervisor: the job finished: .* at (\S+ \S+)$",

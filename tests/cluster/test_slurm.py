@@ -435,14 +435,15 @@ def as_admin(cluster: LocalCluster, *args: str) -> str:
 
 def test_a_time_limit_shorter_than_the_training_requeues_without_losing_a_step(cluster: LocalCluster,
                                                                               reference: dict) -> None:
-    # Slurm's smallest limit (1 minute), the signal asked 10 s before it; Slurm looks every 30 s, so it comes 50 to
-    # 80 s into a run. However fast this machine trains, the first run must still be training then, and must have
+    # Slurm's smallest limit (1 minute), the signal asked 20 s before it; Slurm looks every 30 s, so it comes 40 to
+    # 70 s into a run, 20 s at least before Slurm's kill (with 10 s, a loaded machine's stop and requeue did not
+    # always beat the kill). However fast this machine trains, the first run must still be training then, and must have
     # trained a step: once its first epoch is done every compute node is held to a sliver of a CPU (a slow fleet)
     # until the signal's stop request reaches a node, which then checkpoints at full speed before Slurm's kill. Once
     # requeued, the administrator lifts the limit, so that the second run finishes whatever this machine's speed.
     job = f"{cluster.name}-limit"
     epochs = max(EPOCHS, round(40 / reference["epoch_s"]))
-    play = launch(cluster, job, epochs, "-e", "vidcluster_slurm_time=1", "-e", "vidcluster_slurm_signal_seconds=10")
+    play = launch(cluster, job, epochs, "-e", "vidcluster_slurm_time=1", "-e", "vidcluster_slurm_signal_seconds=20")
     wait_for_epoch(cluster, job, 1, play)
     stop_requests = [job_dir(cluster, job) / node.name / STOP_REQUEST_FILE for node in compute(cluster)]
     deadline = time.monotonic() + 180
