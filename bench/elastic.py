@@ -42,8 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -52,6 +51,7 @@ from typing import Any
 import yaml
 
 from bench.local import REPO, VENV_BIN
+from bench.restarts import dataset
 from trainer.node_config import merge
 from trainer.runtime.contract import CHANNEL_ENV, IN_PLACE_ENV, TRAINER_ENV
 from trainer.runtime.host import channel
@@ -407,7 +407,8 @@ def run_ours(data: Path, out: Path) -> Arm:
         records = watcher.stop()
     run = out / "ours-node0"
     attempts = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    loads = sum(1 for r in attempts if r.get("resumed_from") == "checkpoint" and "epoch" not in r)
+    # resumed_from: "memory", or the checkpoint file read
+    loads = sum(1 for r in attempts if "epoch" not in r and r.get("resumed_from") not in (None, "", "memory"))
     found = measure("ours", records, kill_at, lambda r: r["attempt"] not in (None, 0))
     return Arm("ours", **found, loads=loads, top1=final_top1(run), wall_s=wall, detect_s=0.0,
                note="detection driven by the bench (0 s): the runtime's is in bench/restarts.py --faults")
@@ -420,15 +421,6 @@ def parked(folder: Path, pid: int) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the table
-
-
-@contextmanager
-def dataset() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="bench-elastic-") as tmp:
-        data = Path(tmp) / "vidcluster-test"
-        subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes", "left",
-                        "right"], cwd=REPO, check=True, capture_output=True)
-        yield data
 
 
 def compare(arms: tuple[str, ...] = ARMS, keep: Path | None = None) -> list[Arm]:
