@@ -577,8 +577,9 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
     [change] = rec.world_changes
     assert (change.left, change.before, change.after, change.cause) == (("node2",), 3, 2, Kind.LOST), change
     # The survivors went on from memory: nothing trained twice, no checkpoint read, soon after the hub named the loss
-    # (restart_s: detection to the first step after it), neither waiting out node_wait (300 s) nor a collective's
-    # timeout (gloo: trainer.distributed.abort_groups). Issue 37 asks for a step and 2 s: 6.5 s here, idle.
+    # (restart_s: the loss named to the first step after it), neither waiting out node_wait (300 s) nor a
+    # collective's timeout (gloo: trainer.distributed.abort_groups). Issue 37 asks for a step and 2 s: 0.5 s here
+    # (detect_s, the node's silence up to the heartbeat timeout, 10 s, comes before it).
     metrics = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()]
     [attempt] = [line for line in metrics if "attempt" in line]
     assert attempt["resumed_from"] == "memory" and attempt["steps_lost"] == 0, attempt

@@ -157,6 +157,9 @@ def test_a_node_lost_for_good_is_the_cause_although_its_peers_exited_first() -> 
     assert cause is not None
     assert (cause.node, cause.kind) == ("n1", "lost"), cause
     assert any(line.startswith("attempt 1: n1 failed first: ") for line in j.log), j.log
+    # Detected when it was named lost (here it never confirmed the stop), not when its peers exited: the wait for
+    # it is the detection's time, and the restart's (restart_s, from detected_at) starts once the loss is known.
+    assert cause.detected_at == j.record.attempts[1].started_at and cause.detect_s == 50, cause
 
 
 def test_a_hub_that_cannot_hear_a_majority_stops_its_attempt_and_starts_none() -> None:

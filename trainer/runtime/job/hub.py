@@ -365,8 +365,10 @@ class Hub:
             self._change(lost=lost)
         first = self.first()
         if first is not None and first != named:
+            # Named now: a lost node's silence outlasts its peers' broken collective, and the time between is the
+            # loss's detection, not the restart's (restart_s is measured from detected_at).
             self.log(f"attempt {self.record.attempt}: {words(first)}")
-            self._change(first_failure=first)
+            self._change(first_failure=first, detected_at=wall)
         if not pending:
             if self.stopped_at is None:
                 self.stopped_at = wall
