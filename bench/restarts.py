@@ -257,11 +257,12 @@ RUNTIMES: dict[str, tuple[str, ...]] = {
 
 
 @contextmanager
-def dataset() -> Iterator[Path]:
+def dataset(*options: str) -> Iterator[Path]:
+    """The synthetic dataset (``python -m trainer make-dataset``), two classes unless ``options`` say otherwise."""
     with tempfile.TemporaryDirectory(prefix="bench-restarts-") as tmp:
         data = Path(tmp) / "vidcluster-test"
-        subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data), "--classes", "left",
-                        "right"], cwd=REPO, check=True, capture_output=True)
+        subprocess.run([str(VENV_BIN / "python"), "-m", "trainer", "make-dataset", str(data),
+                        *(options or ("--classes", "left", "right"))], cwd=REPO, check=True, capture_output=True)
         yield data
 
 

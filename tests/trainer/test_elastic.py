@@ -12,7 +12,7 @@ from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data.loader import ElasticBatches, ResumableBatches
-from trainer.elastic import Recipe, epoch_order, epoch_steps, rank_micro_batches, split
+from trainer.elastic import Recipe, epoch_order, epoch_steps, rank_micro_batches
 
 
 def recipe_micro_batches(length: int, seed: int, epoch: int, world: int, batch: int, drop_last: bool
@@ -64,14 +64,19 @@ def test_the_rest_of_an_epoch_goes_to_the_new_world_and_each_sample_is_trained_o
     assert Counter(before + after) == Counter(range(24))
 
 
-def test_uneven_shares_split_as_evenly_as_can_be() -> None:
-    assert split([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
-    assert split([1], 3) == [[1], [], []]
-    six = Recipe(3, 2, 1)  # a global batch of 6 over 4 ranks: 2, 2, 1, 1
-    assert [rank_micro_batches(list(range(6)), six, 4, rank) for rank in range(4)] == [[[0, 4]], [[1, 5]], [[2]],
-                                                                                        [[3]]]
+def test_in_any_world_each_micro_batch_is_one_the_recipes_world_trains() -> None:
+    """BatchNorm normalises each forward over the same clips as in the recipe's world: its micro-batches are dealt
+    whole (a share split anew would leave one clip alone in a micro-batch)."""
+    six = Recipe(3, 2, 1)  # the recipe's micro-batches of a step of 6: [0, 3], [1, 4], [2, 5]
+    assert [rank_micro_batches(list(range(6)), six, 2, rank) for rank in range(2)] == [[[0, 3], [2, 5]],
+                                                                                        [[1, 4], []]]
+    assert [rank_micro_batches(list(range(6)), six, 4, rank) for rank in range(4)] == [[[0, 3]], [[1, 4]], [[2, 5]],
+                                                                                        [[]]]
     three = Recipe(3, 1, 1)  # 3 over 2 ranks of batch 1: 2 micro-batches each, rank 1's second one empty
     assert [rank_micro_batches(list(range(3)), three, 2, rank) for rank in range(2)] == [[[0], [2]], [[1], []]]
+    accumulated = Recipe(2, 2, 2)  # rank r's share r, r + 2, ... in batches of 2: [0, 2], [1, 3], [4, 6], [5, 7]
+    assert [rank_micro_batches(list(range(8)), accumulated, 3, rank) for rank in range(3)] == [
+        [[0, 2], [5, 7]], [[1, 3], []], [[4, 6], []]]
 
 
 def test_each_sample_weighs_one_over_the_global_batch_and_the_recipes_own_rule_is_kept() -> None:
@@ -80,17 +85,16 @@ def test_each_sample_weighs_one_over_the_global_batch_and_the_recipes_own_rule_i
     own, shrunk = recipe.accumulation(3), recipe.accumulation(2)
     loss = torch.tensor(0.7)
     assert own.micro_batches == 3 and torch.equal(own.scale(loss, 2), loss / 3)  # bit for bit as before
-    assert shrunk.micro_batches == 5  # 18 over 2 ranks: 9 each, in 5 micro-batches of at most 2
-    sizes = [len(b) for b in split(list(range(9)), 5)]
-    per_rank = sum(float(shrunk.scale(torch.tensor(1.0), n)) for n in sizes)
-    assert per_rank / 2 == pytest.approx(9 / 18)  # DDP's mean over 2 ranks of each rank's weighted mean-of-ones
+    assert shrunk.micro_batches == 5  # the recipe's 9 micro-batches of 2 over 2 ranks: 5 and 4 (and an empty one)
+    per_rank = [sum(float(shrunk.scale(torch.tensor(1.0), n)) for n in sizes) for sizes in ([2] * 5, [2] * 4 + [0])]
+    assert sum(per_rank) / 2 == pytest.approx(1.0)  # DDP's mean over 2 ranks of each rank's weighted mean-of-ones
 
 
-def test_in_a_world_larger_than_the_global_batch_a_rank_left_without_a_share_has_an_empty_micro_batch() -> None:
+def test_in_a_world_larger_than_the_recipes_micro_batches_a_rank_left_without_one_has_an_empty_micro_batch() -> None:
     recipe = Recipe(3, 2, 1)
     assert recipe.micro_batches(7) == 1
     dealt = [rank_micro_batches(list(range(6)), recipe, 7, rank) for rank in range(7)]
-    assert dealt == [[[0]], [[1]], [[2]], [[3]], [[4]], [[5]], [[]]]
+    assert dealt == [[[0, 3]], [[1, 4]], [[2, 5]], [[]], [[]], [[]], [[]]]
     assert float(recipe.accumulation(7).scale(torch.tensor(1.0), 0)) == 0.0
 
 
