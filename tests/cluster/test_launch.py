@@ -52,7 +52,7 @@ from tests.cluster.conftest import (
     playbook_env,
     stage_dataset,
 )
-from trainer.runtime.job.record import JobRecord, Kind
+from trainer.runtime.job.record import JobRecord, Kind, Start
 
 CONFIG = "i3d_cpu_test"  # reads ~/data/vidcluster-test on every node
 # One home for all nodes, like NFS; sshd on port 2222, so known_hosts, the SSH check and the launch use [host]:2222.
@@ -635,7 +635,11 @@ def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cl
     assert "resumed from" not in log and "accumulation 1 -> 2" in log and "accumulation 2 -> 1" in log, log[-3000:]
     node2_log = (node_job_dir(lost, job) / "train.log").read_text()
     assert "rank 2 joined at step" in node2_log and "from rank 0's memory" in node2_log, node2_log[-3000:]
-    first_step = rec.attempts[-1].nodes["node2"].first_step
+    joiner = rec.attempts[-1].nodes["node2"]
+    # Its frozen trainer was killed, and the world trained on while its node started a standby: the grow waited for
+    # the standby's imports (the survivors parked only then), so the joiner is that standby.
+    assert joiner.start == Start.STANDBY, rec.attempts[-1]
+    first_step = joiner.first_step
     assert first_step is not None and first_step - thawed < 60, (first_step - thawed, rec.attempts[-1])
     trained = [line["epoch"] for line in metrics if "epoch" in line and "attempt" not in line]
     assert trained == list(range(1, epochs + 1)), trained

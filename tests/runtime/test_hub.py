@@ -58,6 +58,7 @@ class Job:
         self.trainers: dict[str, Trainer] = {}
         self.troubles: dict[str, Trouble] = {}
         self.ranks: dict[str, tuple[RankProgress, ...]] = {}  # where each member's ranks are, as it reports
+        self.importing: set[str] = set()  # members whose standby has not done its imports (the others' has)
 
     @property
     def record(self) -> JobRecord:
@@ -75,7 +76,7 @@ class Job:
                 current = dataclasses.replace(current, state=TrainerState.EXITED, rc=-15, ended=self.wall)
             self.trainers[node] = current
             self.hub.heard(node, report(node, current, self.troubles.get(node), port_offer=40000 + attempt,
-                                        ranks=self.ranks.get(node, ())), self.now)
+                                        ranks=self.ranks.get(node, ()), standby=node not in self.importing), self.now)
 
     def exit(self, node: str, rc: int) -> None:
         self.trainers[node] = dataclasses.replace(self.trainers[node], state=TrainerState.EXITED, rc=rc,
@@ -583,6 +584,23 @@ def test_a_lost_node_that_answers_again_joins_the_smaller_world_at_once_and_no_r
     assert j.record.goodput is not None and j.record.goodput.failures == 1  # the loss; a grow is no failure
     j.tick(2 * settle, "n0", "n1", "n2")
     assert j.record.attempt == 2  # full again: nothing to grow
+
+
+def test_a_node_back_joins_only_once_its_standby_has_done_its_imports_the_world_training_on_meanwhile() -> None:
+    """n2 answers again with no standby ready (its node starts one: an interpreter and torch to import): the world of
+    two goes on training, with no attempt and nobody parked, until n2 says its standby waits; then n2 joins at once.
+    Without restart in place there are no standbys, and the joiner starts a new process as any attempt does."""
+    j = shrunk()
+    j.importing.add("n2")
+    j.tick(j.hub.timings.settle + 5, "n0", "n1", "n2")
+    assert j.record.attempt == 1 and j.record.phase == "running" and "n2" not in j.record.lost
+    j.importing.clear()
+    j.tick(1, "n0", "n1", "n2")
+    assert j.record.attempt == 2 and j.record.assignment == {"n0": 0, "n1": 1, "n2": 2}
+    cold = shrunk(in_place=False)
+    cold.importing.add("n2")
+    cold.tick(cold.hub.timings.settle + 1, "n0", "n1", "n2")
+    assert cold.record.attempt == 2 and cold.record.assignment == {"n0": 0, "n1": 1, "n2": 2}
 
 
 def test_no_grow_while_a_trainer_of_the_attempt_does_not_run_yet_nor_while_a_member_is_not_heard() -> None:

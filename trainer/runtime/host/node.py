@@ -385,6 +385,17 @@ class Node:
         channel.make_folder(self.channel)
         self.standby = self._popen(list(self.plan.argv), env)
 
+    def standby_ready(self) -> bool:
+        """A standby waits here with its imports done (it said so in the channel): this node can join a running
+        attempt without its peers waiting on an interpreter's start."""
+        if self.standby is None or self.standby.poll() is not None:
+            return False
+        try:
+            report = channel.read(ProcessReport, Path(self.channel) / f"{self.standby.pid}.json")
+        except channel.ChannelError:  # being written, or not to be trusted: not ready
+            return False
+        return report is not None and report.state == ProcState.STANDBY
+
     def kill_now(self) -> None:
         """Every training process of the job on this node, the standby's too, now (the supervisor is going away)."""
         procs.end(self.job_dir, 0.0, trainers_only=True, first=signal.SIGKILL)

@@ -29,8 +29,9 @@ rank, as a lost node is replaced. At each new attempt and at the end it writes t
 A world smaller than the launch's (a lost node left it, no spare taking its rank: trainer.runtime.job.policy) grows back
 while its attempt runs with nothing failed: once every trainer of the attempt runs and has settled, members free to
 take a rank (a lost node that answered again, a spare) join it (trainer.runtime.job.policy.grow; never in a dropped
-straggler's place). The next attempt starts at once, with no stopping phase: the nodes' trainers park in place and
-join it, the joiners start theirs (trainer.runtime.host.node). A grow is no failure: its attempt's cause is
+straggler's place), with restart in place once their standby has done its imports (the world trains on meanwhile).
+The next attempt starts at once, with no stopping phase: the nodes' trainers park in place and join it, the joiners
+start theirs (trainer.runtime.host.node). A grow is no failure: its attempt's cause is
 ``joined``, and no restart is counted.
 
 An attempt starts only while a majority of the job's members (trainers and spares) have been heard within the lease
@@ -318,11 +319,20 @@ class Hub:
                 return
         # A dropped straggler's rank goes to no spare, then or later (straggler action drop).
         dropped = sum(len(change.left) for change in self.record.world_changes if change.cause == Kind.SLOW)
-        decision = grow(assignment, len(self.record.attempts[0].assignment) - dropped, self._spares(now))
+        decision = grow(assignment, len(self.record.attempts[0].assignment) - dropped, self._joiners(now))
         if decision is not None:
             cause = Cause(decision.joined[0], Kind.JOINED, decision.reason, wall, detected_at=wall,
                           failed_step=_step(self.progress))
             self._restart(decision, cause, now, wall)
+
+    def _joiners(self, now: float) -> list[str]:
+        """Members free to join the running attempt. With restart in place, only those whose standby waits with its
+        imports done: the attempt's trainers park at the grow, and would otherwise wait out the joiner's start (an
+        interpreter, torch, CUDA: seconds to a minute) instead of training on until it can join at once."""
+        spares = self._spares(now)
+        if not self.plan.restarts.in_place:
+            return spares
+        return [node for node in spares if (report := self.members[node].report) is not None and report.standby]
 
     # -- stopping and deciding -------------------------------------------------------------------------------------
 

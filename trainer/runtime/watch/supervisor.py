@@ -151,7 +151,7 @@ class Supervisor:
         now = time.monotonic()
         self.node.poll()
         seen = (self.node.trainer.attempt, self.node.trainer.state, self.node.trouble is not None,
-                self.node.timeline())
+                self.node.timeline(), self.node.standby_ready())
         if seen != self.trainer_seen:
             self.trainer_seen = seen
             self.news.set()
@@ -200,7 +200,7 @@ class Supervisor:
                       version=self.record.version, trainer=self.node.trainer, trouble=self.node.trouble,
                       progress=self.node.progress() if rank0 else None, port_offer=self.node.port_offer(),
                       record=joined_with(says, self.record), pace=self.node.pace(),
-                      timeline=self.node.timeline(), ranks=self.node.ranks())
+                      timeline=self.node.timeline(), ranks=self.node.ranks(), standby=self.node.standby_ready())
 
     def adopt(self, reply: RecordReply) -> bool:
         """The hub's answer: its record (newer ones only), or the changes to this one, and the run's progress.
