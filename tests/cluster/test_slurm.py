@@ -382,7 +382,8 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_allocation(cluster: LocalCl
     wait_until_slurm_gives_it_no_job(cluster, rank1)
 
 
-def test_a_lost_node_without_a_spare_shrinks_the_world_inside_the_allocation(cluster: LocalCluster) -> None:
+def test_a_lost_node_without_a_spare_shrinks_the_world_inside_the_allocation(cluster: LocalCluster,
+                                                                              dataset: Path) -> None:
     """Three trainers, no spare, vidcluster_min_nodes=2: a node lost leaves the world and the other two go on from
     memory in the same allocation (one Slurm run, no requeue), to the end."""
     job = f"{cluster.name}-shrink"
