@@ -16,7 +16,8 @@ hub, and not hearing from it is not a failure.
     without stopping anything, the job trains to the end, and a later launch reports it finished;
   - launching a running job again attaches to it; stop-training.yml stops a running job on every node;
   - a node lost with no spare (vidcluster_min_nodes=2): the job goes on with the other two from their memory; a
-    node that hangs, then answers again, rejoins the running job from a peer's memory.
+    node that hangs, then answers again, rejoins the running job from a peer's memory; a node whose machine was lost
+    (its supervisor gone) rejoins when the launch is run again.
 The shared home itself: setup-cluster.yml writes ~/.ssh once (rerun changed=0), stage-data.yml copies once, every
 node keeps its own files in its own folder of the job.
 The whole module is the slow lane (`bash scripts/test.sh --slow`, about 12 minutes on 2 cores with test_resilience.py
@@ -552,6 +553,13 @@ def test_a_tiny_videomae_trains_on_two_nodes_and_a_relaunch_resumes_it_exactly(c
     assert digests[0]["digests"][0] == digests[1]["digests"][0]
 
 
+def kill_machine(node: Node) -> None:
+    """SIGKILL to every process of the node's namespace: its machine is gone (its disk, the shared home, stays)."""
+    for pid in subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
 def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from_memory(cluster: LocalCluster
                                                                                          ) -> None:
     """Three trainers, no spare, vidcluster_min_nodes=2: node2's machine goes (every process of its namespace
@@ -563,10 +571,7 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
                                 "-e", "vidcluster_min_nodes=2", *training(epochs))  # fmt: skip
     try:
         wait_for_epoch(cluster, job, 5, play)
-        lost = cluster.nodes[2]
-        for pid in subprocess.run(["ip", "netns", "pids", lost.netns], capture_output=True, text=True).stdout.split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        kill_machine(cluster.nodes[2])
         out = finish(play, timeout=600)
     finally:
         cluster.create(len(cluster.nodes), *CLUSTER_ARGS)  # node2's sshd back, for the scenarios after this one
@@ -590,6 +595,42 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
     assert trained == list(range(1, epochs + 1)), trained
     digest = json.loads((REPO / "runs" / job / "weights_digest.json").read_text())
     assert digest["world_size"] == 2 and digest["identical"], digest
+
+
+def test_a_rebooted_node_comes_back_into_the_running_job_when_the_launch_is_run_again(cluster: LocalCluster) -> None:
+    """Three trainers, no spare, vidcluster_min_nodes=2: node2's machine goes (every process of its namespace killed:
+    nothing of its supervisor is left to come back by itself) and the world shrinks to two. Its machine back (its sshd
+    started again, its job folder kept, as a reboot keeps a disk), the same launch run again attaches to the running
+    job and starts node2's supervisor anew, which rejoins: node2 trains as rank 2 again from a peer's memory."""
+    job = f"{cluster.name}-rejoin"
+    args = ("-e", f"config={CONFIG}", "-e", f"job_id={job}", "-e", "vidcluster_min_nodes=2", *training(300))
+    launch(cluster, *args, "-e", "wait=false")
+    lost = cluster.nodes[2]
+    try:
+        wait_for_epoch(cluster, job, 3)
+        kill_machine(lost)
+        deadline = time.monotonic() + 120
+        while not JobRecord.read(node_state(cluster.nodes[0], job)["record"]).world_changes:
+            assert time.monotonic() < deadline, "the world never shrank"
+            time.sleep(0.2)
+    finally:
+        cluster.create(len(cluster.nodes), *CLUSTER_ARGS)  # node2's machine back: its sshd, the same home
+    again = flat(launch(cluster, *args, "-e", "wait=false").stdout)
+    assert f"Job {job} is running (its hub on node0): following it instead of starting it again" in again
+    assert f"node2 comes back into job {job} (its supervisor had died)" in again
+    log, deadline = node_job_dir(lost, job) / "train.log", time.monotonic() + 120
+    while "rank 2 joined at step" not in log.read_text():
+        assert time.monotonic() < deadline, ("node2 never joined", log.read_text()[-3000:])
+        time.sleep(0.5)
+    rec = JobRecord.read(node_state(cluster.nodes[0], job)["record"])
+    cluster.playbook("stop-training.yml", "-e", f"job_id={job}")
+    left, joined = rec.world_changes
+    assert (left.left, left.cause, joined.joined, joined.after, joined.cause) == (
+        ("node2",), Kind.LOST, ("node2",), 3, Kind.JOINED), rec.world_changes
+    assert rec.assignment == {"node0": 0, "node1": 1, "node2": 2}, rec.assignment
+    node2_log = log.read_text()
+    assert node2_log.count("supervisor: supervising ") == 2, node2_log[-3000:]  # the launch's, and the relaunch's
+    assert "from rank 0's memory" in node2_log, node2_log[-3000:]
 
 
 def freeze(node: Node, sig: signal.Signals) -> None:

@@ -9,7 +9,11 @@ the next heartbeats."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.loopback import NET, SECRET, Job, loopback, wait_until
+from tests.runtime.loopback import NET, REPO, SECRET, Job, loopback, wait_until
 from tests.runtime.test_plan import job, plans
 from trainer.runtime import layout, schema
 from trainer.runtime.job.hub import new_record
@@ -78,6 +82,28 @@ def test_a_member_whose_link_task_dies_is_started_again_by_the_tick(loopback: Ca
     said = capsys.readouterr().out
     assert said.count("the link to the hub failed (RuntimeError: a bug in the member's loop); starting it again") == 1
     assert len(calls) == 2 and job.record().end is not None and job.record().restarts == 0, said
+
+
+@pytest.mark.parametrize("rejoin", [False, True])
+def test_a_rejoining_member_starts_no_trainer_before_it_holds_the_hubs_record(loopback: Callable[..., Job],
+                                                                             rejoin: bool) -> None:
+    """At a launch a member starts its trainer at once, as the launch's record says (its peers start theirs at the
+    same time); one that comes back into a running job (its supervisor died: a rebooted node) holds only that stale
+    record, so it waits for the hub's: here the hub never answers, and no trainer starts."""
+    job = loopback(2, steps=30)
+    supervisor = Supervisor(job.folders["n1"], f"{job.plans['n0'].me.ip}:1", rejoin)  # nobody listens there
+
+    async def a_moment() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(supervisor.run(), 2)
+
+    asyncio.run(a_moment())
+    assert supervisor.node.started_attempts == (set() if rejoin else {0})
+    if rejoin:  # and only into a running job: it must be told where its hub is
+        refused = subprocess.run([sys.executable, "-m", "trainer.runtime", "start", job.folders["n1"], "--rejoin"],
+                                 cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        said = refused.stderr.strip()
+        assert (refused.returncode, said) == (1, "error: --rejoin needs --hub (the running job's hub)"), said
 
 
 class EndsWhenItHoldsTheEnd:

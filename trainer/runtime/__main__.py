@@ -1,7 +1,10 @@
 """``python -m trainer.runtime VERB JOB_DIR ...``: the node's verbs for its part of a job (standard library only).
 
-    start JOB_DIR [--hub ADDR]     start the node's supervisor detached (its own session); print its pid and where its
-                                   watch listens. The first member starts without --hub: it is the job's hub.
+    start JOB_DIR [--hub ADDR] [--rejoin]
+                                   start the node's supervisor detached (its own session); print its pid and where its
+                                   watch listens. The first member starts without --hub: it is the job's hub. With
+                                   --rejoin, a member whose supervisor died (its machine rebooted) comes back into the
+                                   running job: it starts no trainer until the hub's record gives it a rank.
     status JOB_DIR                 print the node's state of the job (trainer.runtime.host.nodestate.status)
     wait JOB_DIR SECONDS [--since KEY]
                                    the state once the job's progress (trainer.runtime.report.progress_key) differs
@@ -11,7 +14,8 @@
                                    plan's stop grace (or S seconds); idempotent
     keep-secret JOB_DIR            the launch's key for the job's watch, read from stdin, into the job folder's secret
                                    file: created readable by its owner alone (0600), never in another mode for a moment
-    supervise JOB_DIR [--hub ADDR] (what start runs)
+    supervise JOB_DIR [--hub ADDR] [--rejoin]
+                                   (what start runs)
     slurm-VERB LOGIN_JOB_DIR ...   a job on a Slurm site: trainer.runtime.slurm.allocation
 
 Every verb but supervise prints one JSON object. The launcher reaches them through trainer.runtime.layout's entry
@@ -36,13 +40,13 @@ from trainer.runtime.host import nodestate, procs
 from trainer.runtime.plan import NodePlan, PlanError
 
 
-def start(job_dir: str, hub: str | None) -> dict[str, Any]:
+def start(job_dir: str, hub: str | None, rejoin: bool) -> dict[str, Any]:
     current = nodestate.node_state(job_dir)
     if current is not None and nodestate.supervisor_alive(job_dir, current):
         raise SystemExit(f"error: job {Path(job_dir).parent.name} already runs on this node (pid {current.pid}); "
                          "stop it first")
     argv = [sys.executable, *layout.RUNTIME_FLAGS, "-m", "trainer.runtime", "supervise", job_dir,
-            *(["--hub", hub] if hub else [])]
+            *(["--hub", hub] if hub else []), *(["--rejoin"] if rejoin else [])]
     env = {**os.environ, JOB_DIR_ENV: job_dir}
     with (Path(job_dir) / layout.LOG_FILE).open("ab") as log:
         # A new session: the job outlives the SSH connection that started it.
@@ -103,6 +107,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         sub = verbs.add_parser(name)
         sub.add_argument("job_dir")
         sub.add_argument("--hub", default=None, help="where the job's hub listens (host:port); none: be the hub")
+        sub.add_argument("--rejoin", action="store_true",
+                         help="come back into the running job at --hub: no trainer until its record gives a rank")
     verbs.add_parser("status").add_argument("job_dir")
     verbs.add_parser("keep-secret").add_argument("job_dir")
     sub = verbs.add_parser("wait")
@@ -125,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         return slurm.main(argv)
     args = get_args_parser().parse_args(argv)
     job_dir = os.path.realpath(os.path.expanduser(args.job_dir))
+    if args.verb in ("start", "supervise") and args.rejoin and not args.hub:
+        raise SystemExit("error: --rejoin needs --hub (the running job's hub)")
     if args.verb == "supervise":
         from trainer.runtime.watch.supervisor import main as supervise
 
-        return supervise(job_dir, args.hub)
+        return supervise(job_dir, args.hub, args.rejoin)
     if args.verb == "start":
-        result = start(job_dir, args.hub)
+        result = start(job_dir, args.hub, args.rejoin)
     elif args.verb == "status":
         result = nodestate.status(job_dir)
     elif args.verb == "wait":

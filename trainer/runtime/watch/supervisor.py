@@ -59,8 +59,11 @@ from trainer.runtime.watch.messages import Mode, NodeState, NotHub, RecordReply,
 
 
 class Supervisor:
-    def __init__(self, job_dir: str, hub_addr: str | None) -> None:
+    def __init__(self, job_dir: str, hub_addr: str | None, rejoin: bool = False) -> None:
+        """``rejoin``: this member comes back into the running job (its supervisor died): the launch's record it
+        starts with is stale, so its node starts no trainer before it holds the hub's."""
         self.job_dir = job_dir
+        self.rejoin = rejoin
         self.plan = NodePlan.read(str(Path(job_dir) / layout.PLAN_FILE))
         keyring = wire.Keyring((Path(job_dir) / layout.SECRET_FILE).read_bytes().strip())
         self.me = self.plan.node
@@ -100,7 +103,8 @@ class Supervisor:
             self.become_hub(0, None)
         else:
             self.member_task = self.spawn(self.membership())
-        self.node.reconcile(self.record)
+        if not self.rejoin:  # at a launch, every trainer starts at once; a rejoining one as the hub's record says
+            self.node.reconcile(self.record)
         self.write_state()
         say(f"supervising {self.me} of job {self.plan.job} ({self.mode}; the watch listens on {self.listener.addr})")
         try:
@@ -284,9 +288,9 @@ class Supervisor:
                                 f"{self.timings.search_give_up:.0f} s after {self.lost_hub} was lost", None))
 
 
-def main(job_dir: str, hub_addr: str | None) -> int:
+def main(job_dir: str, hub_addr: str | None, rejoin: bool = False) -> int:
     try:
-        supervisor = Supervisor(job_dir, hub_addr)
+        supervisor = Supervisor(job_dir, hub_addr, rejoin)
     except (OSError, ValueError) as exc:
         print(f"supervisor: cannot supervise {job_dir}: {exc}", file=sys.stderr, flush=True)
         return 2
