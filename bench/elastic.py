@@ -421,7 +421,7 @@ def train_ours(data: Path, out: Path, name: str, nodes: int, lose: bool, kill_st
             # As each supervisor says once the hub names the loss: this attempt is over; then the next, a node fewer.
             for folder in folders[:-1]:
                 channel.write(folder / channel.NOTICE_FILE, Notice(over=0, join=None))
-            for folder, proc in zip(folders, survivors, strict=False):
+            for folder, proc in zip(folders[:-1], survivors, strict=True):
                 wait(lambda f=folder, p=proc: parked(f, p.pid), survivors, f"{name}: the survivors parked")
             told = {"attempt": 1, "cause": "lost", "node": f"node{nodes - 1}", "detected_at": kill_at,
                     "detect_s": 0.0, "failed_step": None}
