@@ -624,6 +624,7 @@ def test_a_rebooted_node_comes_back_into_the_running_job_when_the_launch_is_run_
         time.sleep(0.5)
     rec = JobRecord.read(node_state(cluster.nodes[0], job)["record"])
     cluster.playbook("stop-training.yml", "-e", f"job_id={job}")
+    assert job_processes(job) == []  # the relaunched supervisor, its trainer and its standby too
     left, joined = rec.world_changes
     assert (left.left, left.cause, joined.joined, joined.after, joined.cause) == (
         ("node2",), Kind.LOST, ("node2",), 3, Kind.JOINED), rec.world_changes
