@@ -15,10 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_map_only
 
 from trainer.config import Config
-from trainer.distributed import DistContext, all_gather_object, broadcast_object
+from trainer.distributed import DistContext, all_gather_object, broadcast_object, send_state
 from trainer.elastic import Accumulation, Recipe, continuation_seed, epoch_seed, step_in_epoch
 from trainer.engine import EpochTally, TrainState
 from trainer.resume import EpochProgress, rng_state, seed_everything, set_rng_state
@@ -107,9 +106,9 @@ class Memory:
                    best_top1, bad_videos, recipe)
 
     def portable(self) -> Memory:
-        """A copy whose tensors are on the CPU, to send to a peer (its optimizer moves the state to its own device)."""
-        return dataclasses.replace(self, position=self.position.portable(),
-                                   optimizer=tree_map_only(torch.Tensor, torch.Tensor.cpu, self.optimizer))
+        """A copy to pickle to a peer: its small tensors on the CPU, without the optimizer's state (sent tensor by
+        tensor: ``shared_memory``)."""
+        return dataclasses.replace(self, position=self.position.portable(), optimizer={})
 
 
 @dataclass(frozen=True)
@@ -150,10 +149,11 @@ def shared_memory(ctx: DistContext, kept: Kept | None) -> SharedMemory | None:
         return None
     donor = keys.index(held.pop())
     joiners = tuple(rank for rank, key in enumerate(keys) if key is None)
-    if joiners:
-        sent = broadcast_object(memory.portable() if memory is not None and ctx.rank == donor else None, src=donor)
-        memory = memory if memory is not None else sent
-    assert memory is not None
+    if memory is None:  # a joiner
+        small, optimizer = send_state(None, donor, joiners, ctx.device)
+        memory = dataclasses.replace(small, optimizer=optimizer)
+    elif ctx.rank == donor and joiners:  # its optimizer's state tensor by tensor on the device, the rest pickled
+        send_state((memory.portable(), memory.optimizer), donor, joiners, ctx.device)
     return SharedMemory(memory, donor, joiners)
 
 

@@ -32,7 +32,7 @@ process that spawns workers passes SIGTERM and SIGUSR1 on to them (errors.STOP_S
 | ranks | the rank sources above, each giving a plan |
 | process_group | join the group within TIMEOUT_SECONDS, leave it, abort it, join the next attempt's |
 | workers | run this node's workers, in this process or spawned; stop signals; a worker's failure as one exception |
-| collectives | small collectives, no-ops without a group |
+| collectives | small collectives and a state sent tensor by tensor, no-ops without a group |
 
 This host's interfaces and addresses are ``trainer.runtime.host.network``'s (standard library: the runtime uses them
 too).
@@ -46,6 +46,7 @@ from trainer.distributed.collectives import (
     broadcast_buffers,
     broadcast_object,
     host_group,
+    send_state,
 )
 from trainer.distributed.context import DistContext, DistributedError, PeerError, gpu_index
 from trainer.distributed.process_group import abort_groups, rejoin
@@ -69,5 +70,6 @@ __all__ = [
     "launch",
     "rejoin",
     "resolve_node_rank",
+    "send_state",
     "single_process_context",
 ]

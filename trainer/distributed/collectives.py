@@ -1,11 +1,15 @@
-"""Small collectives: each is a no-op (or the identity) when there is no process group."""
+"""Small collectives, each a no-op (or the identity) without a process group, and a state sent from one rank to
+others tensor by tensor."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from trainer.distributed.context import DistContext
 
@@ -62,6 +66,46 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+@dataclass(frozen=True)
+class _TensorSlot:
+    """A tensor's place in a state's skeleton: what a receiver allocates, and whether it lives on the CPU (an
+    optimizer's step counts: a GPU copy would cost a sync at each read)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    on_cpu: bool
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> _TensorSlot:
+        return cls(tuple(tensor.shape), tensor.dtype, tensor.device.type == "cpu")
+
+
+def send_state(state: T | None, src: int, receivers: Sequence[int], device: torch.device) -> T:
+    """Rank ``src``'s ``state`` (containers of tensors: an optimizer's state dict) on the ``receivers``: called by
+    ``src`` and the receivers only, the other ranks go on. Its structure and small values are pickled, its tensors sent
+    one by one on ``device`` (broadcast_object would pickle the whole state into one byte tensor: an optimizer's
+    gigabytes held twice more and copied through host memory). A received tensor is on ``device``, or on the CPU
+    where the sender's was."""
+    if dist.get_rank() == src:
+        assert state is not None
+        skeleton = tree_map_only(torch.Tensor, _TensorSlot.of, state)
+        for dst in receivers:
+            dist.send_object_list([skeleton], dst=dst)
+            for tensor in tree_leaves(state):
+                if isinstance(tensor, torch.Tensor):
+                    dist.send(tensor.detach().to(device).contiguous(), dst=dst)
+        return state
+    box: list[Any] = [None]
+    dist.recv_object_list(box, src=src)
+
+    def receive(slot: _TensorSlot) -> torch.Tensor:
+        tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device)
+        dist.recv(tensor, src=src)
+        return tensor.cpu() if slot.on_cpu else tensor
+
+    return tree_map_only(_TensorSlot, receive, box[0])  # the sender's leaf order
 
 
 def all_gather_object(obj: T) -> list[T]:
