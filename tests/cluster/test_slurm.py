@@ -83,22 +83,37 @@ def pid_of(path: Path) -> int:
     return int(path.read_text().strip())
 
 
-def cmdline(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+def running(pid: int) -> list[str]:
+    """The process's command line; empty once it is gone (a zombie's too: nothing of it runs)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except FileNotFoundError:
+        return []
+
+
+def running_daemons(cluster: LocalCluster) -> dict[int, list[str]]:
+    """The cluster's daemons that run now, by recorded pid and what each runs: a lost node's slurmd is gone and its
+    recorded pid may since be another process's (pids wrap at 32768 on a busy machine)."""
+    slurm = cluster.state_dir / "slurm"
+    ctld, munged = pid_of(slurm / "slurmctld.pid"), pid_of(slurm / "munged.pid")
+    found = {ctld: running(ctld), munged: running(munged)}
+    found = {pid: line for pid, line in found.items()
+             if line[-2:] == ["-f", str(cluster.slurm_conf)]
+             or f"--socket=/run/vidcluster/slurm-{cluster.name}/munge.socket" in line}
+    for node in compute(cluster):
+        pid = pid_of(node.dir / "slurmd.pid")
+        ns = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
+        if (line := running(pid))[-2:] == ["-N", node.name] and ns == node.netns:
+            found[pid] = line
+    return found
 
 
 def test_the_daemons_are_the_clusters_own_and_jobs_run_on_its_compute_nodes(cluster: LocalCluster) -> None:
     slurm = cluster.state_dir / "slurm"
-    ctld, munged = pid_of(slurm / "slurmctld.pid"), pid_of(slurm / "munged.pid")
-    assert cmdline(ctld)[-2:] == ["-f", str(cluster.slurm_conf)]
-    assert f"--socket=/run/vidcluster/slurm-{cluster.name}/munge.socket" in cmdline(munged)
+    # slurmctld and munged with this cluster's configuration; one slurmd per compute node, in its network namespace
+    assert len(running_daemons(cluster)) == 2 + COMPUTE, running_daemons(cluster)
     port = re.search(r"^SlurmctldPort=(\d+)$", cluster.slurm_conf.read_text(), re.M)
     assert port is not None and 17000 <= int(port[1]) < 18000  # the cluster's own, from its name
-    for node in compute(cluster):  # one slurmd per compute node, in that node's network namespace
-        pid = pid_of(node.dir / "slurmd.pid")
-        assert cmdline(pid)[-2:] == ["-N", node.name]
-        ns = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True)
-        assert ns.stdout.strip() == node.netns
     assert not (login(cluster).dir / "slurmd.pid").exists()
     out = on_login(cluster, "sinfo --noheader --Node --format='%N %t %P'; "
                             "sbatch --wait --nodes=2 --output=job-%j.out --wrap='srun hostname -I'").stdout
@@ -500,11 +515,10 @@ def test_training_status_shows_the_queue_and_the_progress_and_stop_training_stop
 
 def test_teardown_is_complete(cluster: LocalCluster) -> None:
     # Runs last in this module: the playbook alone (no force-delete) must leave nothing behind.
-    slurm = cluster.state_dir / "slurm"
-    daemons = [pid_of(slurm / "slurmctld.pid"), pid_of(slurm / "munged.pid"),
-               *(pid_of(node.dir / "slurmd.pid") for node in compute(cluster))]
+    daemons = running_daemons(cluster)
+    assert len(daemons) >= 2, daemons  # slurmctld and munged at least
     run_playbook(CLUSTER_PLAYBOOK, "-e", f"cluster_name={cluster.name}", "-e", "state=absent")
-    assert not any(Path(f"/proc/{pid}").exists() for pid in daemons)
+    assert not [pid for pid, line in daemons.items() if running(pid) == line]
     assert not netns_names(cluster.name) and not link_names(cluster.name)
     assert not Path(f"/run/vidcluster/slurm-{cluster.name}").exists()
     assert not cluster.state_dir.exists()
