@@ -1,7 +1,7 @@
 """Every speed goal of the trainer in one run, as ratios against baselines measured in the same run.
 
     .venv/bin/python -m bench [--quick]
-        [--only loader ddp fsdp hfstep multigrid decoders gpu launch checkpoint restarts elastic watch]
+        [--only loader ddp fsdp hfstep multigrid decoders gpu launch checkpoint restarts elastic join watch]
 
 Prints one table: what was measured, its value, the baseline's, the ratio, the goal and whether it is met. The parts
 (each also runnable alone): bench/loader.py (decode-only vs dataset item vs DataLoader; antialiasing),
@@ -13,7 +13,8 @@ vs torchcodec), bench/gpu_step.py (SlowFast 8x8 steps on a GPU; skipped without 
 training loop blocked by a background vs a synchronous checkpoint save; the per-step agreement vs a training step),
 bench/restarts.py (a restart's cost and phases against torchrun's, in the same run; root; 15 to 30 minutes),
 bench/elastic.py (a node lost with no spare: torchrun --nnodes=1:2, torchft and restart in place side by side; needs
-torchft from requirements-dev.txt; about 2 minutes),
+torchft from requirements-dev.txt; about 2 minutes), bench/join_state.py (a joiner's optimizer state from its donor,
+tensor by tensor vs pickled whole: wait and peak memory),
 bench/watch_scale.py (the watch with a real hub and 64, 256 and 1,024 stand-in members; about 10 minutes).
 --quick: fewer clips, steps and epochs, and no restarts, elastic or watch section unless --only names it; without it,
 more of each (steadier ratios).
@@ -37,6 +38,7 @@ from bench import (
     fsdp,
     gpu_step,
     hf_step,
+    join_state,
     launch_overhead,
     loader,
     local,
@@ -223,6 +225,23 @@ def elastic_rows(quick: bool) -> list[Row]:
     return rows
 
 
+def join_rows(quick: bool) -> list[Row]:
+    found = join_state.run()
+    old, ours = found["pickled"], found["tensor by tensor"]
+    met = join_state.goals(found)
+    mib = 2**20
+    return [
+        (f"a joiner's AdamW state ({ours['state_b'] / mib:.0f} MiB, VideoMAE-B's size) from its donor, tensor by "
+         "tensor vs pickled whole: the joiner's wait, s", f"{ours['wait_s']:.2f}", f"{old['wait_s']:.2f}",
+         ours["wait_s"] / old["wait_s"], "info", None),
+        ("  the donor's extra peak memory, MiB", f"{ours['donor_b'] / mib:.0f}", f"{old['donor_b'] / mib:.0f}",
+         None, f"<= {join_state.DONOR_GOAL}x the state", met["donor"]),
+        ("  the joiner's extra peak memory, MiB", f"{ours['joiner_b'] / mib:.0f}", f"{old['joiner_b'] / mib:.0f}",
+         ours["joiner_b"] / old["joiner_b"], f"<= {join_state.JOINER_GOAL}x the state",
+         met["joiner"] and met["exact"]),
+    ]
+
+
 def watch_rows(quick: bool) -> list[Row]:
     after = watch_scale.run()
     before = {r["members"]: r for r in watch_scale.run(watch_scale.BEFORE_SIZES, before=True)}
@@ -253,7 +272,7 @@ def watch_rows(quick: bool) -> list[Row]:
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "loader": loader_rows, "ddp": ddp_rows, "fsdp": fsdp_rows, "hfstep": hf_step_rows, "multigrid": multigrid_rows,
     "decoders": decoder_rows, "gpu": gpu_rows, "launch": launch_rows, "checkpoint": checkpoint_rows,
-    "restarts": restart_rows, "elastic": elastic_rows, "watch": watch_rows,
+    "restarts": restart_rows, "elastic": elastic_rows, "join": join_rows, "watch": watch_rows,
 }
 # whole jobs under several launchers (15 to 30 minutes; the elastic ones: about 2 minutes, and torchft), the watch at
 # fleet size (about 10 minutes): --quick leaves them out unless named
