@@ -22,6 +22,7 @@ from trainer.elastic import Accumulation, Recipe, continuation_seed, epoch_seed,
 from trainer.engine import EpochTally, TrainState
 from trainer.resume import EpochProgress, rng_state, seed_everything, set_rng_state
 from trainer.sharding import is_sharded
+from trainer.timeline import PROCESS
 
 log = logging.getLogger("trainer")
 
@@ -52,10 +53,12 @@ class Continuation:
 
 @dataclass
 class Position:
-    """Where training stands after an optimizer step: the epoch, its starting LR (None: not begun), and this rank's
-    number and world size, tally, RNG states and model buffers then (copies: the step in progress adds to the tally,
-    and its forward pass moves BatchNorm's running statistics before a lost peer fails it)."""
+    """Where training stands after an optimizer step: the attempt it was taken in (-1 outside a job's runtime), the
+    epoch, its starting LR (None: not begun), and this rank's number and world size, tally, RNG states and model
+    buffers then (copies: the step in progress adds to the tally, and its forward pass moves BatchNorm's running
+    statistics before a lost peer fails it)."""
 
+    attempt: int
     step: int
     epoch: int
     lr: float | None
@@ -70,11 +73,12 @@ class Position:
               ) -> Position:
         copy = EpochTally(tally.sums.clone(), tally.clips, tally.batches, list(tally.bad), list(tally.fallback))
         buffers = [buffer.detach().clone() for buffer in model.buffers()]
-        return cls(step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device), buffers)
+        attempt = PROCESS.attempt if PROCESS.attempt is not None else -1
+        return cls(attempt, step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device), buffers)
 
-    def key(self) -> tuple[int, int, bool, int]:
-        """What every rank's memory must agree on."""
-        return self.step, self.epoch, self.lr is None, self.world
+    def key(self) -> tuple[int, int, int, bool, int]:
+        """What every rank's memory must agree on, its attempt first (``shared_memory``)."""
+        return self.attempt, self.step, self.epoch, self.lr is None, self.world
 
     def portable(self) -> Position:
         """A copy to send to a peer: its tensors on the CPU, without the buffers (they go with the weights:
@@ -138,12 +142,18 @@ class Kept:
 
 
 def shared_memory(ctx: DistContext, kept: Kept | None) -> SharedMemory | None:
-    """Every rank: the memory the attempt goes on from, when the ranks that hold one (those that restarted in place)
-    hold the same step (and epoch, and world): a rank that holds none receives the lowest such rank's, so a node that
-    joins the world (a spare, a node back) starts from its peers' step, not from a checkpoint. Else None on every rank
-    (none holds one, or they differ): the checkpoint every rank agrees on is loaded (trainer.resume)."""
+    """Every rank: the memory the attempt goes on from, when the ranks that hold one from the latest attempt any of
+    them trained in (those that restarted in place) hold the same step (and epoch, and world): a rank that holds none
+    receives the lowest such rank's, so a node that joins the world (a spare, a node back) starts from its peers' step,
+    not from a checkpoint. A memory from an earlier attempt is stale (its rank was out of the world while the others
+    trained on: a node back whose trainer parked) and its rank receives too. Else None on every rank (none holds one,
+    or they differ): the checkpoint every rank agrees on is loaded (trainer.resume)."""
     memory = kept.memory if kept is not None else None
     keys = all_gather_object(memory.position.key() if memory is not None else None)
+    latest = max((key[0] for key in keys if key is not None), default=None)
+    keys = [key if key is not None and key[0] == latest else None for key in keys]
+    if keys[ctx.rank] is None:
+        memory = None  # none, or stale
     held = {key for key in keys if key is not None}
     if len(held) != 1:
         return None

@@ -644,8 +644,9 @@ def freeze(node: Node, sig: signal.Signals) -> None:
 def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cluster: LocalCluster) -> None:
     """Three trainers, no spare, vidcluster_min_nodes=2: node2's machine hangs (every process of its namespace
     stopped: silent, as a machine cut off) and the world shrinks to node0 and node1; then node2 answers again: its
-    stale trainer is stopped and a new one joins the running job as rank 2, from rank 0's memory (no checkpoint read
-    anywhere), the accumulation back to the launch's. The grow is not a restart."""
+    trainer leaves its old attempt and waits in place, and joins the running job as rank 2 in its own process, from
+    rank 0's memory (its own is stale; no checkpoint read anywhere), the accumulation back to the launch's. The grow
+    is not a restart."""
     job = f"{cluster.name}-grow"
     epochs = 60
     play = launch_in_background(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}",
@@ -678,9 +679,9 @@ def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cl
     node2_log = (node_job_dir(lost, job) / "train.log").read_text()
     assert "rank 2 joined at step" in node2_log and "from rank 0's memory" in node2_log, node2_log[-3000:]
     joiner = rec.attempts[-1].nodes["node2"]
-    # Its frozen trainer was killed, and the world trained on while its node started a standby: the grow waited for
-    # the standby's imports (the survivors parked only then), so the joiner is that standby.
-    assert joiner.start == Start.STANDBY, rec.attempts[-1]
+    # Its trainer, stopped as long as its supervisor, was not taken for frozen: it parked, ready at once (no new
+    # process's imports to wait for), and went on in place.
+    assert joiner.start == Start.IN_PLACE, rec.attempts[-1]
     first_step = joiner.first_step
     assert first_step is not None and first_step - thawed < 60, (first_step - thawed, rec.attempts[-1])
     trained = [line["epoch"] for line in metrics if "epoch" in line and "attempt" not in line]

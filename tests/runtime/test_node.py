@@ -15,12 +15,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.runtime.test_plan import job, plans
 from trainer.runtime import layout, schema
 from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV, WHERE_SUFFIX
+from trainer.runtime.host import beats as beats_module
 from trainer.runtime.host import channel, procs
 from trainer.runtime.host.channel import ChannelError, Notice, ProcessReport, ProcState
 from trainer.runtime.host.node import Node
@@ -253,3 +255,57 @@ def test_a_node_says_where_every_rank_is_or_none_and_reports_often_while_a_step_
     # 0, which waits for it, is never judged on its own.
     (beats / str(second.pid)).write_text(beat_text(Beat(at=now - 3 * node.timings.report_every, effort=None)))
     assert node.ranks() == ()
+
+
+def test_the_trainers_silence_while_its_supervisor_was_stopped_too_is_no_freeze(
+        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The node's machine stopped for three heartbeat timeouts (SIGSTOP on every process, a suspended VM): back, its
+    # supervisor must not kill the trainer as frozen before it could beat again; silence it watched still counts.
+    clock = [1000.0]
+    monkeypatch.setattr(beats_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    heartbeats = beats_module.Heartbeats(node.job_dir, node.timings)
+    folder = Path(node.job_dir) / layout.HEARTBEAT_DIR
+    folder.mkdir()
+    (folder / str(os.getpid())).write_text(beat_text(Beat(at=clock[0], effort=None)))  # a live process's beat
+    loss = node.timings.loss
+
+    def looks(seconds: float) -> None:
+        """The supervisor's ticks, every 0.1 s, for ``seconds``."""
+        for _ in range(round(seconds / 0.1)):
+            clock[0] += 0.1
+            heartbeats.looked()
+
+    looks(1)
+    clock[0] += 3 * loss  # the whole machine stopped
+    looks(0.1)
+    assert heartbeats.frozen() is None
+    looks(loss - 0.5)
+    assert heartbeats.frozen() is None  # watched for less than the timeout
+    looks(1)
+    frozen = heartbeats.frozen()
+    assert frozen is not None and frozen[0] == os.getpid() and loss < frozen[1] < loss + 1  # watched silence counts
+    # A supervisor that looked all along names a trainer silent for the timeout, as ever.
+    (folder / str(os.getpid())).write_text(beat_text(Beat(at=clock[0], effort=None)))
+    looks(loss + 0.5)
+    assert heartbeats.frozen() is not None
+
+
+def test_a_trainer_out_of_the_world_parks_in_place_and_goes_on_when_given_a_rank_again(node: Node) -> None:
+    # A node back from a loss (or replaced by a spare) finds the world went on without it: its trainer leaves its
+    # attempt and waits in place, ready at once (the hub grows by it); given a rank again, it goes on in place.
+    trainer = trainer_process(node.plan)
+    begun(node, trainer)
+    launched = new_record(node.plan, time.time())
+    without = dataclasses.replace(launched, attempt=1, assignment={"n1": 0})
+    node.reconcile(without)
+    assert channel.read(Notice, Path(node.channel) / channel.NOTICE_FILE) == Notice(over=0, join=None)
+    assert node.trainer.state == TrainerState.RUNNING and not node.standby_ready()  # leaving, not stopped
+    seen(node, trainer)
+    report(node, trainer.pid, state=ProcState.PARKED)
+    node.poll()
+    node.reconcile(without)
+    assert node.trainer.state == TrainerState.PARKED and node.standby_ready() and trainer.poll() is None
+    node.reconcile(dataclasses.replace(launched, attempt=2, assignment={"n1": 0, "n0": 1}))
+    notice = channel.read(Notice, Path(node.channel) / channel.NOTICE_FILE)
+    assert notice is not None and notice.join is not None and (notice.join.attempt, notice.join.rank) == (2, 1)
+    assert node.trainer.state == TrainerState.RUNNING and node.start_how == Start.IN_PLACE

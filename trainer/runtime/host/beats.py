@@ -25,6 +25,17 @@ class Heartbeats:
     def __init__(self, job_dir: str, timings: Timings) -> None:
         self.folder = Path(job_dir) / layout.HEARTBEAT_DIR
         self.timings = timings
+        self.watched_since = time.monotonic()  # silence counts from here at the earliest (``looked``)
+        self.looked_at = self.watched_since
+
+    def looked(self) -> None:
+        """The supervisor looks now (every tick). After a gap of half the heartbeat timeout it was not running itself
+        (its machine was stopped or suspended, as its trainer was): what the beats say about the gap is nothing, and
+        silence counts from now (a node that answers again keeps its trainer, which parks and can rejoin at once)."""
+        now = time.monotonic()
+        if now - self.looked_at > self.timings.loss / 2:
+            self.watched_since = now
+        self.looked_at = now
 
     def beats(self) -> list[tuple[int, Beat]]:
         """(pid, heartbeat) of every training process that beats here (trainer.runtime.job.pace.Beat)."""
@@ -36,9 +47,10 @@ class Heartbeats:
         return beats
 
     def frozen(self) -> tuple[int, float] | None:
-        """(pid, seconds) of a live training process whose heartbeat is older than the heartbeat timeout."""
+        """(pid, seconds) of a live training process whose heartbeat is older than the heartbeat timeout, counted while
+        the supervisor looked (``looked``)."""
         for pid, beat in self.beats():
-            age = time.monotonic() - beat.at
+            age = time.monotonic() - max(beat.at, self.watched_since)
             if age > self.timings.loss and Path(f"/proc/{pid}").exists():
                 return pid, age
         return None

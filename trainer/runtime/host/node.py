@@ -156,13 +156,13 @@ class Node:
                 self.start(attempt, rank, record)
         elif self.live and (not wanted or self.trainer.attempt != attempt):
             why = record.end.reason if record.end is not None else f"attempt {self.trainer.attempt} is over"
-            dropped = record.phase == Phase.RUNNING and rank is None  # replaced: it takes no part any more
+            dropped = record.phase == Phase.RUNNING and rank is None  # out of the world: replaced, or lost
             if state == TrainerState.RUNNING and stop_signal(record) == signal.SIGUSR1:
                 self.stop(why, signal.SIGUSR1)  # a straggler's swap: every rank checkpoints at a common step first
-            elif record.end is not None or dropped or self.stop_asked:
+            elif record.end is not None or self.stop_asked or (dropped and not self.in_place):
                 self.stop(why, signal.SIGTERM)
             elif state == TrainerState.RUNNING:
-                self.leave(why)
+                self.leave(why)  # in place, dropped too: parked, it can join again at once (a node back, a spare now)
 
     def _env(self, attempt: str) -> dict[str, str]:
         beats = Path(self.job_dir) / layout.HEARTBEAT_DIR
@@ -289,6 +289,7 @@ class Node:
         procs.signal_all(self._trainer_processes(), signal.SIGKILL)
 
     def poll(self) -> None:
+        self.heartbeats.looked()
         self._keep_standby()
         if not self.live or self.proc is None:
             return
@@ -386,8 +387,11 @@ class Node:
         self.standby = self._popen(list(self.plan.argv), env)
 
     def standby_ready(self) -> bool:
-        """A standby waits here with its imports done (it said so in the channel): this node can join a running
-        attempt without its peers waiting on an interpreter's start."""
+        """A process waits here with its imports done, to be handed an attempt: the trainer parked in place, or a
+        standby (it said so in the channel). This node can join a running attempt without its peers waiting on an
+        interpreter's start."""
+        if self.trainer.state == TrainerState.PARKED:
+            return True
         if self.standby is None or self.standby.poll() is not None:
             return False
         try:

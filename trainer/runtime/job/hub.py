@@ -326,9 +326,10 @@ class Hub:
             self._restart(decision, cause, now, wall)
 
     def _joiners(self, now: float) -> list[str]:
-        """Members free to join the running attempt. With restart in place, only those whose standby waits with its
-        imports done: the attempt's trainers park at the grow, and would otherwise wait out the joiner's start (an
-        interpreter, torch, CUDA: seconds to a minute) instead of training on until it can join at once."""
+        """Members free to join the running attempt. With restart in place, only those where a process waits with
+        its imports done (a standby, or the trainer parked): the attempt's trainers park at the grow, and would
+        otherwise wait out the joiner's start (an interpreter, torch, CUDA: seconds to a minute) instead of training
+        on until it can join at once."""
         spares = self._spares(now)
         if not self.plan.restarts.in_place:
             return spares

@@ -132,7 +132,8 @@ class Report:
     pace: Pace | None  # its trainer's effort in its attempt so far (trainer.runtime.job.pace)
     timeline: NodeTimeline | None  # its trainer's timeline in its attempt (the trainer's attempt)
     ranks: tuple[RankProgress, ...] = ()  # its trainer's ranks' progress in its attempt (the hub finds a hung one)
-    standby: bool = False  # a standby waits here, its imports done (a world grows only by nodes that have one)
+    standby: bool = False  # a process waits here, its imports done: a standby, or the trainer parked (a world
+    # grows only by nodes that have one)
 
     def __post_init__(self) -> None:
         if self.says not in (Says.JOIN, Says.REPORT):
