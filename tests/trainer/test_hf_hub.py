@@ -205,14 +205,16 @@ def test_every_node_is_given_its_own_copy_of_the_snapshot_to_load(tmp_path: Path
 
 
 def weights_play(tmp_path: Path, rendered: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    """roles/ddp_launch/tasks/weights.yml run by ansible-playbook on this machine, with the render's facts."""
+    """roles/ddp_launch/tasks/weights_fetch.yml then weights.yml run by ansible-playbook on this machine, with the
+    render's facts."""
     node_cache = tmp_path / "node" / "weights"
     job = {key: rendered[key] for key in ("pretrained", "pretrained_folder", "pretrained_model")}
     play = [{"hosts": "all", "gather_facts": False,
              "vars": {"ddp_config_job": {**job, "config_path": str(tmp_path / "exp.yaml"),
                                          "plan": {"paths": {"weights_cache": str(node_cache)}}},
                       "vidcluster_trainer_dir": str(ROOT / "trainer")},
-             "tasks": [{"ansible.builtin.include_role": {"name": "ddp_launch", "tasks_from": "weights.yml"}}]}]
+             "tasks": [{"ansible.builtin.include_role": {"name": "ddp_launch", "tasks_from": tasks}}
+                       for tasks in ("weights_fetch.yml", "weights.yml")]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     (tmp_path / "hosts").write_text(f"node0 ansible_connection=local ansible_python_interpreter={sys.executable}\n")
     env = {**playbook_env(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
