@@ -91,11 +91,11 @@ def send_state(state: T | None, src: int, receivers: Sequence[int], device: torc
     if dist.get_rank() == src:
         assert state is not None
         skeleton = tree_map_only(torch.Tensor, _TensorSlot.of, state)
+        tensors = [leaf for leaf in tree_leaves(state) if isinstance(leaf, torch.Tensor)]
         for dst in receivers:
             dist.send_object_list([skeleton], dst=dst)
-            for tensor in tree_leaves(state):
-                if isinstance(tensor, torch.Tensor):
-                    dist.send(tensor.detach().to(device).contiguous(), dst=dst)
+            for tensor in tensors:
+                dist.send(tensor.detach().to(device).contiguous(), dst=dst)
         return state
     box: list[Any] = [None]
     dist.recv_object_list(box, src=src)

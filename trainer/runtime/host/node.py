@@ -156,13 +156,13 @@ class Node:
                 self.start(attempt, rank, record)
         elif self.live and (not wanted or self.trainer.attempt != attempt):
             why = record.end.reason if record.end is not None else f"attempt {self.trainer.attempt} is over"
-            dropped = record.phase == Phase.RUNNING and rank is None  # out of the world: replaced, or lost
             if state == TrainerState.RUNNING and stop_signal(record) == signal.SIGUSR1:
                 self.stop(why, signal.SIGUSR1)  # a straggler's swap: every rank checkpoints at a common step first
-            elif record.end is not None or self.stop_asked or (dropped and not self.in_place):
+            elif record.end is not None or self.stop_asked:
                 self.stop(why, signal.SIGTERM)
             elif state == TrainerState.RUNNING:
-                self.leave(why)  # in place, dropped too: parked, it can join again at once (a node back, a spare now)
+                # Out of the world too (lost, replaced): parked, it can join again at once (a node back, a spare now).
+                self.leave(why)
 
     def _env(self, attempt: str) -> dict[str, str]:
         beats = Path(self.job_dir) / layout.HEARTBEAT_DIR
