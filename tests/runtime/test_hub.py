@@ -350,6 +350,36 @@ def test_a_member_behind_a_failure_and_an_attempt_gets_the_changes_and_one_too_f
     assert far.says == Says.RECORD and far.record == j.record and far.changes is None
 
 
+def test_an_attempt_started_is_pushed_to_each_member_that_lacks_it_and_nothing_else_is() -> None:
+    """The host's tick says when the record has news every member must act on at once (an attempt started, the end):
+    the listener then pushes each member what its last report would get now, marked pushed."""
+    j = Job(plan(nodes=3))
+    host = HubHost(j.hub)
+
+    def second() -> bool:
+        j.now, j.wall = j.now + 1, j.wall + 1
+        j.report("n0", "n1", "n2")
+        return host.tick(report("n0", j.trainers["n0"], port_offer=40000, standby=True), j.now, j.wall)
+
+    assert host.push("n1") is None  # n1 has not reported yet: nothing to push it
+    assert not any(second() for _ in range(3))  # attempt 0 is the launch's: every member starts with it
+    held = j.record
+    host.answer("n1", report("n1", j.trainers["n1"], version=held.version), j.now)
+    assert host.push("n1") is None  # it holds this record
+    j.hub.heard("n2", report("n2", j.trainers["n2"], addr="n2:2"), j.now)
+    assert not second()  # an address moved: news for every member's next report, not a push
+    j.exit("n2", -9)
+    news = [second() for _ in range(8)]
+    assert j.record.attempt == 1 and news.count(True) == 1  # the failure named: no push; the attempt: one
+    host.answer("n1", report("n1", j.trainers["n1"], version=held.version), j.now)
+    pushed = host.push("n1")
+    assert pushed is not None and pushed.pushed and pushed.says == Says.CHANGES and pushed.changes is not None
+    assert with_changes(held, pushed.changes) == j.record
+    assert read_reply(json.loads(wire.canonical(schema.dump(pushed)))) == pushed  # as the member reads it
+    whole = host.push("n2")  # its last report (version 0 from j.report) is too far behind: the record
+    assert whole is not None and whole.pushed and whole.record == j.record
+
+
 def test_a_member_that_missed_timelines_of_an_attempt_and_the_next_attempt_gets_the_whole_record() -> None:
     """Timelines of attempt 0 arrive, then attempt 1 starts: changes carry the newest attempt's timelines only, so a
     member that held attempt 0 without them gets the whole record (its attempt 0 would stay stale otherwise)."""

@@ -24,7 +24,7 @@ async def listening(answer: Reply) -> tuple[Listener, list[str], str]:
     """n0's listener, answering every report with ``answer``; its log lines and its address."""
     said: list[str] = []
     listener = Listener(plans(job(["/h/a", "/h/b", "/h/c"], spares=1, net="127.0.0"))["n0"], KEY,
-                        lambda node, got: answer, said.append)
+                        lambda node, got: answer, lambda node: None, said.append)
     return listener, said, await listener.start()
 
 

@@ -93,6 +93,11 @@ def report(**fields: Any) -> dict[str, Any]:
     return {**body, **fields}
 
 
+def answer(says: str, **fields: Any) -> dict[str, Any]:
+    """The hub's answer as the wire carries it."""
+    return {"says": says, "record": None, "changes": None, "progress": None, "pushed": False, **fields}
+
+
 def test_a_members_message_is_checked_at_the_door() -> None:
     assert read_report(report()).progress == {"state": "running", "step": 5}
     join = read_report(report(says="join", record=a_record().to_json()))
@@ -105,28 +110,26 @@ def test_a_members_message_is_checked_at_the_door() -> None:
                       (report(node=["n1"]), "node: expected str")]:
         with pytest.raises(schema.SchemaError, match=said):
             read_report(bad)
-    reply = read_reply({"says": "record", "record": a_record().to_json(), "changes": None, "progress": None})
+    assert read_reply(answer("record", record=a_record().to_json(), pushed=True)).pushed
+    reply = read_reply(answer("record", record=a_record().to_json()))
     assert reply.record == a_record()
     with pytest.raises(schema.SchemaError, match="the answer: record: phase"):
-        read_reply({"says": "record", "record": broken(["phase"], 3), "changes": None, "progress": None})
-    assert read_reply({"says": "unchanged", "record": None, "changes": None, "progress": {"step": 5}}).record is None
+        read_reply(answer("record", record=broken(["phase"], 3)))
+    assert read_reply(answer("unchanged", progress={"step": 5})).record is None
     changes = {"term": 0, "base": 2, "version": 3, "directory": {"n1": "10.9.0.11:4000"}, "timelines": {},
                "attempts": [], "fields": {"phase": "stopping", "restarts": 1}}
-    read = read_reply({"says": "changes", "record": None, "changes": changes, "progress": None}).changes
+    read = read_reply(answer("changes", changes=changes)).changes
     assert read.base == 2 and read.fields == {"phase": Phase.STOPPING, "restarts": 1}
     for fields, said in [({"phase": "lost"}, "fields: phase: 'lost' is not one of"),
                          ({"restarts": "1"}, "fields: restarts: expected int"),
                          ({"version": 9}, "fields: unknown version"), ({"directory": {}}, "fields: unknown directory")]:
         with pytest.raises(schema.SchemaError, match=f"the answer: changes: {said}"):
-            read_reply({"says": "changes", "record": None, "changes": {**changes, "fields": fields}, "progress": None})
-    for bad in ({"says": "unchanged", "record": a_record().to_json(), "changes": None, "progress": None},
-                {"says": "record", "record": None, "changes": None, "progress": None},
-                {"says": "changes", "record": None, "changes": None, "progress": None}):
+            read_reply(answer("changes", changes={**changes, "fields": fields}))
+    for bad in (answer("unchanged", record=a_record().to_json()), answer("record"), answer("changes")):
         with pytest.raises(schema.SchemaError, match="a record answer carries the record, a changes answer the"):
             read_reply(bad)
     with pytest.raises(schema.SchemaError, match="the answer: changes: directory: n1: expected str"):
-        read_reply({"says": "changes", "record": None, "changes": {**changes, "directory": {"n1": 4000}},
-                    "progress": None})
+        read_reply(answer("changes", changes={**changes, "directory": {"n1": 4000}}))
 
 
 def test_a_nodes_state_reads_back() -> None:
@@ -142,7 +145,7 @@ def test_the_listener_encodes_each_record_once_and_every_answer_as_its_canonical
     answer, record or not, is the canonical JSON its MAC covers, which a member reads back to the same answer."""
     p = plans(job(["/home/a", "/home/b", "/home/c"], spares=1))["n0"]
     listener = Listener(p, wire.Keyring(b"0123456789abcdef0123456789abcdef"), lambda node, report: IDLE_REPLY,
-                        lambda line: None)
+                        lambda node: None, lambda line: None)
     record = a_record()
     answers = [RecordReply(says=Says.RECORD, record=record, changes=None, progress={"step": 5, "record": None}),
                RecordReply(says=Says.RECORD, record=record, changes=None, progress=None),

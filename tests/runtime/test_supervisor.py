@@ -28,6 +28,7 @@ from trainer.runtime.job.hub import new_record
 from trainer.runtime.job.record import End, EndState, Phase, changes_from, step, with_changes
 from trainer.runtime.plan import NodePlan
 from trainer.runtime.watch import wire
+from trainer.runtime.watch.listener import Listener
 from trainer.runtime.watch.member import Member
 from trainer.runtime.watch.messages import IDLE, RecordReply, Report, Says
 from trainer.runtime.watch.supervisor import Supervisor
@@ -172,3 +173,47 @@ def test_a_member_that_learns_the_end_tells_the_hub_at_once_before_its_superviso
 
     asyncio.run(run())
     assert heard == [launch.version, ended.version]
+
+
+def test_an_attempt_or_end_the_hub_posts_reaches_a_member_at_once_not_at_its_next_report() -> None:
+    """A member whose trainer runs reports every heartbeat_timeout/6 (10 s here): what the hub posts (an attempt
+    started, the end) is pushed down its link by the real listener, adopted at once, and the member says so at once."""
+    planned = plans(job(["/home/a", "/home/b"], net=NET))
+    local = EndsWhenItHoldsTheEnd(planned["n1"])
+    launch = local.record
+    ended = launch.changed(phase=Phase.ENDED, end=End(EndState.FINISHED, "trained to the end", None))
+    hub = {"record": launch}
+    heard: list[tuple[float, int]] = []  # (when, the version the member says it holds)
+
+    def answer(node: str, report: Report) -> RecordReply:
+        heard.append((time.monotonic(), report.version))
+        if report.version == hub["record"].version:
+            return RecordReply(says=Says.UNCHANGED, record=None, changes=None, progress=None)
+        return RecordReply(says=Says.RECORD, record=hub["record"], changes=None, progress=None)
+
+    def push(node: str) -> RecordReply | None:
+        if heard[-1][1] == hub["record"].version:
+            return None
+        return RecordReply(says=Says.RECORD, record=hub["record"], changes=None, progress=None, pushed=True)
+
+    async def run() -> float:
+        listener = Listener(planned["n0"], KEY, answer, push, print)
+        addr = await listener.start()
+        follow = asyncio.create_task(Member(planned["n1"], KEY, local, print).follow(addr))
+        await asyncio.sleep(1)  # joined, answered, and waiting for its next report (9 s away)
+        hub["record"] = ended
+        posted = time.monotonic()
+        listener.post()
+        await asyncio.wait({follow}, timeout=5)
+        for _ in range(20):  # the hub's side reads the member's last report
+            if len(heard) > 1:
+                break
+            await asyncio.sleep(0.1)
+        follow.cancel()
+        listener.close()
+        return posted
+
+    posted = asyncio.run(run())
+    assert local.record == ended
+    assert [version for _, version in heard] == [launch.version, ended.version]
+    assert heard[-1][0] - posted < 1, f"the member said it holds the end {heard[-1][0] - posted:.1f} s after the post"

@@ -12,6 +12,7 @@ attempt costs each member what changed, not the whole record's reading.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from trainer.runtime.job.hub import Hub
@@ -90,10 +91,23 @@ class HubHost:
                 return None
         return changes_from(record, base, steps[::-1])
 
-    def tick(self, own: Report, now: float, wall: float) -> None:
-        """A moment passes; ``own``: this node's own member's report."""
+    def push(self, node: str) -> RecordReply | None:
+        """What the hub pushes to ``node`` between its reports (an attempt started, the end): the reply its last
+        report would get now, marked pushed; None when it holds this record already, or has not reported yet."""
+        view = self.hub.members.get(node)
+        if view is None or view.report is None:
+            return None
+        reply = self.reply(view.report)
+        return None if reply.says == Says.UNCHANGED else dataclasses.replace(reply, pushed=True)
+
+    def tick(self, own: Report, now: float, wall: float) -> bool:
+        """A moment passes; ``own``: this node's own member's report. Whether the record now has news every member
+        must act on at once (an attempt started, the job's end): the listener pushes it down every link."""
+        before = self.hub.record
         self.hub.heard(own.node, own, now)
         self.hub.tick(now, wall)
+        after = self.hub.record
+        return (len(after.attempts), after.end) != (len(before.attempts), before.end)
 
     def members_know_end(self, now: float) -> bool:
         """Every member still heard has the record that ends the job (the hub stays until then, or until the others

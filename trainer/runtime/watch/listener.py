@@ -1,5 +1,7 @@
 """The listening side of a supervisor's watch: every supervisor listens on an ephemeral port of its cluster address;
-members connect to say ``join`` and ``report`` (trainer.runtime.watch.messages) and get the supervisor's answer.
+members connect to say ``join`` and ``report`` (trainer.runtime.watch.messages) and get the supervisor's answer. On the
+hub, what it posts (``post``: an attempt started, the job's end) is pushed down every member's link at once, between
+the member's reports.
 
 What an outside host can do to it, and what it costs:
 - a connection from an address that is not one of the plan's members is closed at once, before any hello;
@@ -35,6 +37,7 @@ PER_ADDRESS = 8  # connections at once from one member's address: its link to th
 REFUSED_KEPT = 64  # addresses whose refusals are counted one by one in watch.json
 
 Answer = Callable[[str, Report], Reply]
+Push = Callable[[str], RecordReply | None]  # what the hub pushes to a member now (None: nothing it lacks)
 
 
 def same_address(address: str) -> str:
@@ -68,10 +71,13 @@ class Refusals:
 
 
 class Listener:
-    def __init__(self, plan: NodePlan, keyring: wire.Keyring, answer: Answer, say: Say) -> None:
+    def __init__(self, plan: NodePlan, keyring: wire.Keyring, answer: Answer, push: Push, say: Say) -> None:
         self.plan = plan
         self.keyring = keyring
         self.answer = answer
+        self.push = push
+        self.posts = 0  # the hub's posts so far (``post``): a link that has passed fewer on pushes to its member
+        self.posted = asyncio.Event()  # set at each post (and replaced)
         self.timings = plan.timings
         self.limit = wire.line_limit(len(plan.members))
         self.names: dict[str, set[str]] = {}  # member address -> the members planned there (others than this one)
@@ -97,6 +103,12 @@ class Listener:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+    def post(self) -> None:
+        """The hub's record has news every member must act on at once: each link pushes it to its member."""
+        self.posts += 1
+        self.posted.set()
+        self.posted = asyncio.Event()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = same_address(str((writer.get_extra_info("peername") or ("?",))[0]))
@@ -167,10 +179,33 @@ class Listener:
             raise wire.WireError(f"it claims to be {node!r}, which is not the member at this address")
         self.joins[node] += 1
         while True:
+            seen = self.posts
             reply = self.answer(node, report)
             await link.send(self.encode(reply))
             if isinstance(reply, NotHub):
                 return
-            report = read_report(await link.recv(self.timings.next_report))
+            report = read_report(await self._next_report(node, link, seen))
             if report.node != node:
                 raise wire.WireError(f"{node} speaks as {report.node!r} on its own connection")
+
+    async def _next_report(self, node: str, link: wire.Link, seen: int) -> Any:
+        """The member's next message, within ``next_report``; meanwhile the hub's posts beyond ``seen`` (the count
+        its last answer already carried) are pushed to it."""
+        incoming = asyncio.ensure_future(link.recv(self.timings.next_report))
+        posted: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                if self.posts == seen:
+                    posted = asyncio.ensure_future(self.posted.wait())
+                    await asyncio.wait((incoming, posted), return_when=asyncio.FIRST_COMPLETED)
+                    posted.cancel()
+                if incoming.done():
+                    return incoming.result()
+                seen = self.posts
+                push = self.push(node)
+                if push is not None:
+                    await link.send(self.encode(push))
+        finally:
+            incoming.cancel()
+            if posted is not None:
+                posted.cancel()

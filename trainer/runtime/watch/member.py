@@ -111,7 +111,7 @@ class Member:
         try:
             told_end = False
             while not self.local.is_done():
-                reply = read_reply(await link.recv(self.timings.reply_wait))
+                reply = await self._answer(link)
                 if not isinstance(reply, RecordReply):
                     return  # not the hub (any more)
                 if self.local.adopt(reply) and not told_end:
@@ -119,10 +119,35 @@ class Member:
                     # before this node is done and its supervisor leaves
                     told_end = True
                 else:
-                    await self.local.until_next_report()
+                    await self._until_next_report(link)
                 await link.send(schema.dump(self.local.report(Says.REPORT)))
         finally:
             link.close()
+
+    async def _answer(self, link: wire.Link) -> Reply:
+        """The hub's answer to the report just sent; what it pushed before it is adopted on the way."""
+        while True:
+            reply = read_reply(await link.recv(self.timings.reply_wait))
+            if not (isinstance(reply, RecordReply) and reply.pushed):
+                return reply
+            self.local.adopt(reply)
+
+    async def _until_next_report(self, link: wire.Link) -> None:
+        """The pause before the next report, cut short by what the hub pushes (adopted: the member reports at once
+        that it holds it, and what its trainer did about it)."""
+        pause = asyncio.ensure_future(self.local.until_next_report())
+        pushed = asyncio.ensure_future(link.recv(self.timings.loss))
+        try:
+            await asyncio.wait((pause, pushed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            pause.cancel()
+            pushed.cancel()
+            # a stream has one reader at a time: the cancelled read must be over before the answer's read starts
+            await asyncio.wait((pause, pushed))
+        if not pushed.cancelled():
+            reply = read_reply(pushed.result())
+            if isinstance(reply, RecordReply):
+                self.local.adopt(reply)
 
     # -- looking for the next hub ----------------------------------------------------------------------------------
 

@@ -8,8 +8,11 @@ fails. The hub answers each with its record (``RecordReply``), or, when the repo
 record already, with ``unchanged`` and no record, or, when the member holds a recent version, with the ``changes`` since
 (trainer.runtime.job.record.Changes): the record names every member, so sending it on every report would cost the hub
 members² bytes per report period, and every member the whole record's reading at every change
-(trainer.runtime.watch.hubhost). A supervisor that is not the hub answers where the hub is (``NotHub``) and closes the
-connection.
+(trainer.runtime.watch.hubhost). Between a member's reports the hub also pushes what every member must act on at once
+(an attempt started, the job's end) down each link, marked ``pushed``: a running trainer would otherwise hear of a
+grow, a straggler's swap or a user's stop only at its member's next report, ``report_every`` later (10 s at the
+default heartbeat timeout), training on in the old world meanwhile. The member answers a push with a report at once.
+A supervisor that is not the hub answers where the hub is (``NotHub``) and closes the connection.
 """
 
 from __future__ import annotations
@@ -151,12 +154,13 @@ def joined_with(says: Says, record: JobRecord) -> JobRecord | None:
 @dataclass(frozen=True)
 class RecordReply:
     """The hub to a member: its record, or the changes to the member's, or neither (``unchanged``: the member holds
-    it already), and the run's progress."""
+    it already), and the run's progress; ``pushed``: sent unasked, between the member's reports (not an answer)."""
 
     says: Says
     record: JobRecord | None
     changes: Changes | None
     progress: JsonObject | None
+    pushed: bool = False
 
     def __post_init__(self) -> None:
         carries = {Says.RECORD: (True, False), Says.CHANGES: (False, True), Says.UNCHANGED: (False, False)}

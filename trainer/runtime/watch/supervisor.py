@@ -11,7 +11,8 @@ parts, one asyncio loop and one thread (no locks):
                trainer has run and does not run now (the hub's next word, the job's end or its next attempt, is what
                it waits for) or while a rank's step has stalled (``Node.stalled``: a hang is judged, and the hung
                node hears it, within moments);
-    hub host   trainer.runtime.watch.hubhost: the supervisor that is the job's hub answers with the record;
+    hub host   trainer.runtime.watch.hubhost: the supervisor that is the job's hub answers with the record, and pushes
+               an attempt it started, or the job's end, down every member's link at once;
     tick       ``Supervisor.tick``, every TICK, and at once when a child process ends, a training process reports
                (the channel's FIFO: trainer.runtime.host.channel) or, on the hub, a member's trainer changed: polls the
                trainer, acts on the record, writes the node's state, and restarts the member's task should it have
@@ -77,7 +78,7 @@ class Supervisor:
         self.hub_addr = hub_addr
         self.heard_hub = time.monotonic()
         self.host: HubHost | None = None
-        self.listener = Listener(self.plan, keyring, self.answer, say)
+        self.listener = Listener(self.plan, keyring, self.answer, self.push, say)
         self.member = Member(self.plan, keyring, self, say)
         self.member_task: asyncio.Task[None] | None = None
         self.lost_hub = ""  # the hub this member lost, while it searches
@@ -160,7 +161,8 @@ class Supervisor:
             self.trainer_seen = seen
             self.news.set()
         if self.host is not None:
-            self.host.tick(self.report(Says.REPORT), now, time.time())
+            if self.host.tick(self.report(Says.REPORT), now, time.time()):
+                self.listener.post()
             self.record, self.progress = self.host.hub.record, self.host.hub.progress
             self.node.reconcile(self.record)
             nodestate.write_json(Path(self.job_dir) / layout.WATCH_FILE, self.host.snapshot(
@@ -247,6 +249,10 @@ class Supervisor:
         if news:
             self.wake.set()  # the hub acts on a member's trainer that changed at once, not at its next tick
         return reply
+
+    def push(self, node: str) -> RecordReply | None:
+        """What the hub pushes to a member between its reports (the listener asks after a post)."""
+        return self.host.push(node) if self.host is not None else None
 
     # -- the hub ---------------------------------------------------------------------------------------------------
 
