@@ -350,8 +350,9 @@ def test_a_member_behind_a_failure_and_an_attempt_gets_the_changes_and_one_too_f
     assert far.says == Says.RECORD and far.record == j.record and far.changes is None
 
 
-def test_an_attempt_started_is_pushed_to_each_member_that_lacks_it_and_nothing_else_is() -> None:
-    """The host's tick says when the record has news every member must act on at once (an attempt started, the end):
+def test_a_stop_or_an_attempt_started_is_pushed_to_each_member_that_lacks_it_and_nothing_else_is() -> None:
+    """The host's tick says when the record has news every member must act on at once (a failure named and the
+    attempt stopping, an attempt started, the end):
     the listener then pushes each member what its last report would get now, marked pushed."""
     j = Job(plan(nodes=3))
     host = HubHost(j.hub)
@@ -370,7 +371,7 @@ def test_an_attempt_started_is_pushed_to_each_member_that_lacks_it_and_nothing_e
     assert not second()  # an address moved: news for every member's next report, not a push
     j.exit("n2", -9)
     news = [second() for _ in range(8)]
-    assert j.record.attempt == 1 and news.count(True) == 1  # the failure named: no push; the attempt: one
+    assert j.record.attempt == 1 and news.count(True) == 2  # the failure named (stopping), then the attempt
     host.answer("n1", report("n1", j.trainers["n1"], version=held.version), j.now)
     pushed = host.push("n1")
     assert pushed is not None and pushed.pushed and pushed.says == Says.CHANGES and pushed.changes is not None

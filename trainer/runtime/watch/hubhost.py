@@ -23,6 +23,12 @@ from trainer.runtime.watch.messages import RecordReply, Report, Says
 KEPT_PER_MEMBER = 4  # versions answered, per member, whose changes to the current one the hub can still send
 
 
+def acted_on(record: JobRecord) -> tuple[object, ...]:
+    """What every member acts on at once (its trainer stops, starts or goes on in place): the phase, the attempt, the
+    end. The rest (addresses, timelines, the run's progress) waits for the member's next report."""
+    return record.phase, len(record.attempts), record.end
+
+
 class HubHost:
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
@@ -92,7 +98,7 @@ class HubHost:
         return changes_from(record, base, steps[::-1])
 
     def push(self, node: str) -> RecordReply | None:
-        """What the hub pushes to ``node`` between its reports (an attempt started, the end): the reply its last
+        """What the hub pushes to ``node`` between its reports (a stop, an attempt, the end): the reply its last
         report would get now, marked pushed; None when it holds this record already, or has not reported yet."""
         view = self.hub.members.get(node)
         if view is None or view.report is None:
@@ -102,12 +108,12 @@ class HubHost:
 
     def tick(self, own: Report, now: float, wall: float) -> bool:
         """A moment passes; ``own``: this node's own member's report. Whether the record now has news every member
-        must act on at once (an attempt started, the job's end): the listener pushes it down every link."""
+        must act on at once (an attempt stopping, an attempt started, the job's end): the listener pushes it down every
+        link."""
         before = self.hub.record
         self.hub.heard(own.node, own, now)
         self.hub.tick(now, wall)
-        after = self.hub.record
-        return (len(after.attempts), after.end) != (len(before.attempts), before.end)
+        return acted_on(before) != acted_on(self.hub.record)
 
     def members_know_end(self, now: float) -> bool:
         """Every member still heard has the record that ends the job (the hub stays until then, or until the others

@@ -1,7 +1,7 @@
 """The listening side of a supervisor's watch: every supervisor listens on an ephemeral port of its cluster address;
 members connect to say ``join`` and ``report`` (trainer.runtime.watch.messages) and get the supervisor's answer. On the
-hub, what it posts (``post``: an attempt started, the job's end) is pushed down every member's link at once, between
-the member's reports.
+hub, what it posts (``post``: an attempt stopping or started, the job's end) is pushed down every member's link at
+once, between the member's reports.
 
 What an outside host can do to it, and what it costs:
 - a connection from an address that is not one of the plan's members is closed at once, before any hello;

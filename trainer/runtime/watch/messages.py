@@ -9,9 +9,10 @@ record already, with ``unchanged`` and no record, or, when the member holds a re
 (trainer.runtime.job.record.Changes): the record names every member, so sending it on every report would cost the hub
 members² bytes per report period, and every member the whole record's reading at every change
 (trainer.runtime.watch.hubhost). Between a member's reports the hub also pushes what every member must act on at once
-(an attempt started, the job's end) down each link, marked ``pushed``: a running trainer would otherwise hear of a
-grow, a straggler's swap or a user's stop only at its member's next report, ``report_every`` later (10 s at the
-default heartbeat timeout), training on in the old world meanwhile. The member answers a push with a report at once.
+(an attempt stopping or started, the job's end: trainer.runtime.watch.hubhost.acted_on) down each link, marked
+``pushed``: a running trainer would otherwise hear of a grow, a straggler's swap or a failure elsewhere only at its
+member's next report, ``report_every`` later (10 s at the default heartbeat timeout), training on in the old world
+meanwhile. The member answers a push with a report at once.
 A supervisor that is not the hub answers where the hub is (``NotHub``) and closes the connection.
 """
 

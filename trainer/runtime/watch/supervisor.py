@@ -12,7 +12,7 @@ parts, one asyncio loop and one thread (no locks):
                it waits for) or while a rank's step has stalled (``Node.stalled``: a hang is judged, and the hung
                node hears it, within moments);
     hub host   trainer.runtime.watch.hubhost: the supervisor that is the job's hub answers with the record, and pushes
-               an attempt it started, or the job's end, down every member's link at once;
+               an attempt it stops or starts, or the job's end, down every member's link at once;
     tick       ``Supervisor.tick``, every TICK, and at once when a child process ends, a training process reports
                (the channel's FIFO: trainer.runtime.host.channel) or, on the hub, a member's trainer changed: polls the
                trainer, acts on the record, writes the node's state, and restarts the member's task should it have
