@@ -1,9 +1,9 @@
 """Where a run goes on from after a restart: what a process that restarts in place keeps across attempts (``Kept``:
 its model, its loaders while its rank and world stay, and its ``Memory`` of the last completed optimizer step), whether
-the ranks of the next attempt that hold a memory hold the same step (``shared_memory``: then no checkpoint is read, and
-a rank that holds none, a process new to the job, receives it from a peer), and where an epoch stands when a run goes
-on mid-epoch (``Continuation``), from memory or from a checkpoint, in the launch's world or in another
-(trainer.elastic). trainer.train builds the run from these."""
+the ranks of the next attempt that hold a memory hold the same step, or one step apart (``shared_memory``: then no
+checkpoint is read, and a rank that holds none, a process new to the job, or one a step behind, receives it from a
+peer), and where an epoch stands when a run goes on mid-epoch (``Continuation``), from memory or from a checkpoint,
+in the launch's world or in another (trainer.elastic). trainer.train builds the run from these."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from trainer.timeline import PROCESS
 log = logging.getLogger("trainer")
 
 RECIPE_WORLD_KEY = "recipe_world"  # a checkpoint's: the processes the job was launched with (trainer.elastic)
+MemoryKey = tuple[int, int, int, bool, int]  # Position.key: (attempt, step, epoch, epoch not begun, world)
 
 
 @dataclass
@@ -76,8 +77,8 @@ class Position:
         attempt = PROCESS.attempt if PROCESS.attempt is not None else -1
         return cls(attempt, step, epoch, lr, ctx.rank, ctx.world_size, copy, rng_state(ctx.device), buffers)
 
-    def key(self) -> tuple[int, int, int, bool, int]:
-        """What every rank's memory must agree on, its attempt first (``shared_memory``)."""
+    def key(self) -> MemoryKey:
+        """What the ranks' memories are compared by, its attempt first (``shared_memory``)."""
         return self.attempt, self.step, self.epoch, self.lr is None, self.world
 
     def portable(self) -> Position:
@@ -90,7 +91,8 @@ class Position:
 @dataclass
 class Memory:
     """A rank's training state after its last completed optimizer step, kept across a restart in place: the next
-    attempt goes on from it when every rank that holds one holds the same step (``shared_memory``)."""
+    attempt goes on from it when every rank that holds one holds the same step, or one step apart
+    (``shared_memory``)."""
 
     position: Position
     optimizer: dict[str, Any]
@@ -128,8 +130,8 @@ class SharedMemory:
 @dataclass
 class Kept:
     """What a process that restarts in place keeps from one attempt to the next (trainer.inplace): its model (not
-    its weights, unless every rank of the next attempt holds the same step in memory: then it goes on from its
-    ``memory``) and, while its rank and the world size stay, its data loaders and their workers."""
+    its weights, unless every rank of the next attempt holds the same step in memory, or one apart: then it goes on
+    from its ``memory``) and, while its rank and the world size stay, its data loaders and their workers."""
 
     rank: int
     world_size: int
@@ -146,18 +148,19 @@ def shared_memory(ctx: DistContext, kept: Kept | None) -> SharedMemory | None:
     them trained in (those that restarted in place) hold the same step (and epoch, and world): a rank that holds none
     receives the lowest such rank's, so a node that joins the world (a spare, a node back) starts from its peers' step,
     not from a checkpoint. A memory from an earlier attempt is stale (its rank was out of the world while the others
-    trained on: a node back whose trainer parked) and its rank receives too. Else None on every rank (none holds one,
-    or they differ): the checkpoint every rank agrees on is loaded (trainer.resume)."""
+    trained on: a node back whose trainer parked) and its rank receives too, as does one a step behind
+    (``newest_step``). Else None on every rank (none holds one, or they differ otherwise): the checkpoint every rank
+    agrees on is loaded (trainer.resume)."""
     memory = kept.memory if kept is not None else None
     keys = all_gather_object(memory.position.key() if memory is not None else None)
     latest = max((key[0] for key in keys if key is not None), default=None)
-    keys = [key if key is not None and key[0] == latest else None for key in keys]
-    if keys[ctx.rank] is None:
-        memory = None  # none, or stale
-    held = {key for key in keys if key is not None}
-    if len(held) != 1:
+    newest = newest_step([key for key in keys if key is not None and key[0] == latest])
+    if newest is None:
         return None
-    donor = keys.index(held.pop())
+    keys = [key if key == newest else None for key in keys]
+    if keys[ctx.rank] is None:
+        memory = None  # none, stale, or a step behind
+    donor = keys.index(newest)
     joiners = tuple(rank for rank, key in enumerate(keys) if key is None)
     if memory is None:  # a joiner
         small, optimizer = send_state(None, donor, joiners, ctx.device)
@@ -165,6 +168,18 @@ def shared_memory(ctx: DistContext, kept: Kept | None) -> SharedMemory | None:
     elif ctx.rank == donor and joiners:  # its optimizer's state tensor by tensor on the device, the rest pickled
         send_state((memory.portable(), memory.optimizer), donor, joiners, ctx.device)
     return SharedMemory(memory, donor, joiners)
+
+
+def newest_step(keys: list[MemoryKey]) -> MemoryKey | None:
+    """Of the memories of one attempt (``Position.key``), the one to go on from: the newest, when the others are the
+    same or one optimizer step behind it in the same epoch and world; else None. A peer lost in the middle of a step's
+    gradient all-reduce can leave the survivors a step apart: the one whose all-reduce completed (the lost peer had
+    sent it all it needed) took the step every rank would have taken, the one whose all-reduce failed did not."""
+    if not keys:
+        return None
+    newest = max(keys, key=lambda key: key[1])
+    rest = newest[:1] + newest[2:]
+    return newest if all(key[:1] + key[2:] == rest and newest[1] - key[1] <= 1 for key in keys) else None
 
 
 def recall_buffers(model: nn.Module, ctx: DistContext, shared: SharedMemory) -> None:

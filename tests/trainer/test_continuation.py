@@ -1,6 +1,7 @@
 """trainer.continuation.shared_memory on three real gloo ranks: which memory an attempt goes on from when a rank holds
-a stale one (its node was out of the world while the others trained on, and its trainer parked: a node back), and
-when the ranks of the latest attempt disagree."""
+a stale one (its node was out of the world while the others trained on, and its trainer parked: a node back), when
+the ranks of the latest attempt are a step apart (a lost peer's all-reduce completed on one survivor and failed on the
+other), and when they disagree otherwise."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ CPU = torch.device("cpu")
 CASES = {
     "a node back": [(1, 40), (1, 40), (0, 31)],  # ranks 0 and 1 trained on in attempt 1 while rank 2 was out
     "a standby and a node back": [(1, 40), None, (0, 31)],
-    "the latest attempt's ranks disagree": [(1, 40), (1, 41), (0, 31)],
+    "the latest attempt's ranks are a step apart": [(1, 40), (1, 41), (0, 31)],
+    "the latest attempt's ranks disagree": [(1, 40), (1, 42), (0, 31)],  # more than one collective could leave
 }
 
 
@@ -62,6 +64,14 @@ def test_a_stale_memory_is_dropped_and_its_rank_receives_the_latest(case: str, t
     joiners = tuple(rank for rank, held in enumerate(CASES[case]) if held is None or held[0] == 0)
     for rank in range(3):  # every rank goes on from step 40, rank 0's, none from a checkpoint
         assert found[rank] == {"donor": 0, "joiners": joiners, "step": 40, "momentum": [40.0] * 3}, (rank, found)
+
+
+def test_a_rank_a_step_behind_receives_the_step_of_the_rank_ahead(tmp_path: Path) -> None:
+    """Rank 1 took step 41, rank 0's all-reduce of it failed: every rank goes on from step 41, rank 0 and the node back
+    (rank 2) receive it, none reads a checkpoint."""
+    found = went_on("the latest attempt's ranks are a step apart", tmp_path)
+    for rank in range(3):
+        assert found[rank] == {"donor": 1, "joiners": (0, 2), "step": 41, "momentum": [41.0] * 3}, (rank, found)
 
 
 def test_when_the_latest_attempts_ranks_disagree_every_rank_reads_the_checkpoint(tmp_path: Path) -> None:
