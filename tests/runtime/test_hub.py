@@ -59,6 +59,10 @@ class Job:
         self.troubles: dict[str, Trouble] = {}
         self.ranks: dict[str, tuple[RankProgress, ...]] = {}  # where each member's ranks are, as it reports
         self.importing: set[str] = set()  # members whose standby has not done its imports (the others' has)
+        # Members' running trainers report their timeline, each with its first step taken, unless in ``starting``
+        # (off by default: most tests are about other things than timelines).
+        self.stepping = False
+        self.starting: set[str] = set()
 
     @property
     def record(self) -> JobRecord:
@@ -76,7 +80,14 @@ class Job:
                 current = dataclasses.replace(current, state=TrainerState.EXITED, rc=-15, ended=self.wall)
             self.trainers[node] = current
             self.hub.heard(node, report(node, current, self.troubles.get(node), port_offer=40000 + attempt,
-                                        ranks=self.ranks.get(node, ()), standby=node not in self.importing), self.now)
+                                        ranks=self.ranks.get(node, ()), standby=node not in self.importing,
+                                        timeline=self.timeline(node, current)), self.now)
+
+    def timeline(self, node: str, trainer: Trainer) -> NodeTimeline | None:
+        if not self.stepping or not trainer.running:
+            return None
+        return NodeTimeline(start=Start.IN_PLACE, fallback="", started=self.wall, imported=self.wall, group=self.wall,
+                            checkpoint=None, first_step=None if node in self.starting else self.wall)
 
     def exit(self, node: str, rc: int) -> None:
         self.trainers[node] = dataclasses.replace(self.trainers[node], state=TrainerState.EXITED, rc=rc,
@@ -582,6 +593,7 @@ def shrunk(nodes: int = 3, **restarts: Any) -> Job:
     """A job of ``nodes`` nodes, no spare, min_nodes 2: n2 falls silent, is lost, and attempt 1 starts on the others
     (the record as the hub left it that second). n2's node then comes back with no trainer running."""
     j = Job(plan(nodes=nodes, restarts={"min_nodes": 2, **restarts}))
+    j.stepping = True
     others = [f"n{i}" for i in range(nodes) if i != 2]
     j.tick(3, "n2", *others)
     while j.record.attempt == 0:
@@ -596,10 +608,12 @@ def test_a_lost_node_that_answers_again_joins_the_smaller_world_at_once_and_no_r
     """max_restarts 1, used by the loss: the grow needs none. n2 takes the next rank, n0 and n1 keep theirs, and the
     record holds the leave, then the join."""
     j = shrunk(max_restarts=1)
-    settle = j.hub.timings.settle
-    j.tick(1, "n0", "n1", "n2")  # every trainer of attempt 1 runs, n2 is back, but the attempt has not settled
+    j.starting.add("n1")
+    j.tick(1, "n0", "n1", "n2")  # every trainer of attempt 1 runs, n2 is back, but n1's has not taken a step yet
     assert j.record.attempt == 1 and "n2" not in j.record.lost and "n2 answered again" in j.log
-    j.tick(settle, "n0", "n1", "n2")
+    j.starting.clear()
+    j.tick(1, "n0", "n1", "n2")  # it has: the grow comes in that tick, the attempt's settling time or not
+    assert j.hub.timings.settle > 1
     assert j.record.attempt == 2 and j.record.phase == "running" and j.record.restarts == 1
     assert j.record.assignment == {"n0": 0, "n1": 1, "n2": 2}
     assert j.record.world_urls == ("10.9.0.10", "10.9.0.11", "10.9.0.12")
@@ -613,7 +627,7 @@ def test_a_lost_node_that_answers_again_joins_the_smaller_world_at_once_and_no_r
     assert joined.at == j.record.attempts[2].started_at
     assert "attempt 2: n2 joins the world: 2 nodes -> 3" in j.log
     assert j.record.goodput is not None and j.record.goodput.failures == 1  # the loss; a grow is no failure
-    j.tick(2 * settle, "n0", "n1", "n2")
+    j.tick(2 * j.hub.timings.settle, "n0", "n1", "n2")
     assert j.record.attempt == 2  # full again: nothing to grow
 
 
@@ -635,9 +649,9 @@ def test_a_node_back_joins_only_once_its_standby_has_done_its_imports_the_world_
 
 
 def test_no_grow_while_a_trainer_of_the_attempt_does_not_run_yet_nor_while_a_member_is_not_heard() -> None:
-    """n1's node has not reported its trainer of attempt 1 running: settled or not, the world grows only once it
-    does (a trainer still starting could not go on in place); nor once n1 has not been heard for the lease (it may be
-    going: the hub names it lost only later)."""
+    """n1's node has not reported its trainer of attempt 1 running: the world grows only once it does and the trainer
+    has taken a step (a trainer still starting could not go on in place); nor once n1 has not been heard for the lease
+    (it may be going: the hub names it lost only later)."""
     j = shrunk()
     j.tick(j.hub.timings.settle + 3, "n0", "n2")
     assert j.record.attempt == 1 and "n2" not in j.record.lost

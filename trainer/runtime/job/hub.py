@@ -27,7 +27,7 @@ rank, as a lost node is replaced. At each new attempt and at the end it writes t
 (trainer.runtime.job.goodput).
 
 A world smaller than the launch's (a lost node left it, no spare taking its rank: trainer.runtime.job.policy) grows back
-while its attempt runs with nothing failed: once every trainer of the attempt runs and has settled, members free to
+while its attempt runs with nothing failed: once every trainer of the attempt has taken its first step, members free to
 take a rank (a lost node that answered again, a spare) join it (trainer.runtime.job.policy.grow; never in a dropped
 straggler's place), with restart in place once their standby has done its imports (the world trains on meanwhile).
 The next attempt starts at once, with no stopping phase: the nodes' trainers park in place and join it, the joiners
@@ -306,16 +306,19 @@ class Hub:
 
     def _check_grow(self, now: float, wall: float) -> None:
         """Bring a world smaller than the launch's back up with the members free to take a rank, at once. Only once
-        every trainer of the attempt runs, heard within the lease, and has settled (one still starting would not park
-        in place; a member not heard of late may be going), and with a majority heard (no attempt starts without one;
-        a running attempt keeps training meanwhile)."""
+        every trainer of the attempt runs, has taken its first step in it (one still starting would not park in place)
+        and was heard within the lease (a member not heard of late may be going), and with a majority heard (no
+        attempt starts without one; a running attempt keeps training meanwhile)."""
         attempt, assignment = self.record.attempt, self.record.assignment
-        if now - self.phase_since < self.timings.settle or not self.members.has_quorum(now):
+        if not self.members.has_quorum(now):
             return
+        timelines = self.record.attempts[-1].nodes
         for node in assignment:
             view = self.members[node]
             trainer = view.trainer(attempt)
-            if trainer is None or not trainer.running or view.heard is None or now - view.heard > self.timings.lease:
+            stepped = node in timelines and timelines[node].first_step is not None
+            if trainer is None or not trainer.running or not stepped or view.heard is None \
+                    or now - view.heard > self.timings.lease:
                 return
         # A dropped straggler's rank goes to no spare, then or later (straggler action drop).
         dropped = sum(len(change.left) for change in self.record.world_changes if change.cause == Kind.SLOW)
