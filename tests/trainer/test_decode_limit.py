@@ -31,7 +31,7 @@ from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
 from trainer import checkpoint
 from trainer.bad_videos import BadVideos
 from trainer.checkpoint import list_checkpoints
-from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
+from trainer.data import build_dataset, build_loader, check_dataset, timelimit, write_annotations_from_tree
 from trainer.data import decoders as decoders_module
 from trainer.data.decoders import BadVideo, ClipDecoder, DecodeTimeout
 from trainer.data.sampling import val_indices
@@ -123,6 +123,30 @@ def test_a_decoder_that_crashes_makes_the_video_bad_not_the_process(
         decoder.clip(good_videos(synthetic_dataset, 1)[0], clip_indices)
     assert str(caught.value) == "cannot open: the decoder's process died (killed by SIGSEGV)"
     assert not isinstance(caught.value, DecodeTimeout)
+
+
+def test_a_helper_stuck_before_it_is_ready_is_forked_again_and_its_start_is_not_charged_to_the_clip(
+    synthetic_dataset: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper forked while another thread of its parent held a lock it needs never says it is ready (here the first
+    one forked sleeps instead): it is killed after FORK_LIMIT and another forked, and the clip decodes, its deadline
+    (shorter than the stuck start) counted from the ready helper."""
+    stuck = tmp_path / "stuck-pid"
+    become_helper = timelimit._become_helper
+
+    def first_one_stuck(parent: int) -> None:
+        if not stuck.exists():
+            stuck.write_text(str(os.getpid()))
+            time.sleep(3600)
+        become_helper(parent)
+
+    monkeypatch.setattr(timelimit, "_become_helper", first_one_stuck)
+    monkeypatch.setattr(timelimit, "FORK_LIMIT", 3.0)
+    good = good_videos(synthetic_dataset, 1)[0]
+    decoder = ClipDecoder("decord", time_limit=2.0)
+    assert torch.equal(decoder.clip(good, clip_indices).frames, ClipDecoder("decord").clip(good, clip_indices).frames)
+    first = int(stuck.read_text())
+    assert decoder.time_limit is not None and decoder.time_limit.helper().pid != first and not alive(first)
 
 
 def test_dataloader_workers_share_what_ran_out_of_time(

@@ -8,7 +8,9 @@ worker, or the training process itself with NUM_WORKERS 0) forks one helper the 
 and reads its videos there. It waits for each answer until the clip's deadline (waiting releases its own GIL); when
 the deadline passes it kills the helper, the video is bad ("decoding took longer than N s"), and the next video gets
 a new helper. A helper that dies (a decoder that crashes on a file) makes the video bad the same way, where it would
-have taken the worker, and with it the run, down.
+have taken the worker, and with it the run, down. A helper says it is ready before a clip's clock starts: one forked
+while another thread of its parent held a lock it needs would never answer, and would make a good video bad; it is
+forked again instead (FORK_LIMIT).
 
     limit = TimeLimit(60.0)
     within = limit.start()                          # one deadline for everything one clip needs
@@ -54,6 +56,11 @@ from trainer.errors import first_line
 MAX_MESSAGE = 1 << 20  # requests and answers other than frames are small: a path, a clip's frame indices
 PR_SET_PDEATHSIG = 1
 START_LIMIT = 300.0  # seconds a spawned helper may take to import torch and say it is ready (a loaded node)
+# Seconds a forked helper may take to say it is ready. It imports nothing: one that takes longer is stuck on a lock
+# that another thread of its parent (gloo's, a checkpoint writer's) held when it forked, and a new one is forked, up to
+# FORK_TRIES times.
+FORK_LIMIT = 10.0
+FORK_TRIES = 3
 READY = b"ready"
 # A spawned helper's program: the package this file is in importable, then serve (argv: socket fd, parent pid, the
 # module to import first).
@@ -61,6 +68,9 @@ SPAWNED = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent
            "from trainer.data.timelimit import serve_spawned; serve_spawned()")
 
 State = dict[str, Any]
+# Looked up here, in the parent: a forked child that called dlopen or dlsym could wait forever on the dynamic loader's
+# lock, held by another thread of its parent when it forked.
+PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
 
 class TimeLimitExceeded(Exception):
@@ -92,6 +102,15 @@ class Helper:
     """One forked (or spawned) process that runs calls for the process that started it, one at a time."""
 
     def __init__(self, spawn: str | None = None) -> None:
+        limit, tries = (START_LIMIT, 1) if spawn is not None else (FORK_LIMIT, FORK_TRIES)
+        for _ in range(tries):
+            self._start(spawn)
+            if select.select([self.sock], [], [], limit)[0] and self.sock.recv(MAX_MESSAGE) == READY:
+                return
+            ended = self.stop()
+        raise HelperDied(f"the decoder's process did not start within {limit:g} s ({ended})")
+
+    def _start(self, spawn: str | None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
         if spawn is not None:
@@ -108,9 +127,6 @@ class Helper:
         # When this object goes (a dataset dropped, the process ending), so does the helper. A forked child (a
         # DataLoader worker) holds a copy of this object: there it only closes its copy of the socket.
         self._release = weakref.finalize(self, _release, pid, ours, parent)
-        ready = spawn is None or (select.select([ours], [], [], START_LIMIT)[0] and ours.recv(MAX_MESSAGE) == READY)
-        if not ready:
-            raise HelperDied(f"the decoder's process did not start within {START_LIMIT:g} s ({self.stop()})")
 
     def call(self, fn: Callable[..., Any], args: tuple[Any, ...], deadline: float) -> Any:
         """``fn(state, *args)`` in the helper; TimeLimitExceeded (the helper killed) when it is not done by
@@ -161,6 +177,7 @@ class TimeLimit:
         return {"seconds": self.seconds, "spawn": self.spawn, "_helper": None}
 
     def start(self) -> Deadline:
+        self.helper()  # started before the clock is: a helper's start is not charged to the clip
         return Deadline(self, time.monotonic() + self.seconds)
 
     def helper(self) -> Helper:
@@ -190,11 +207,12 @@ class Deadline:
 
 
 def _serve(sock: socket.socket, parent: int) -> NoReturn:
-    """The helper's life: answer calls until the parent goes. Never returns (and never runs the parent's exit
-    handlers: os._exit)."""
+    """The helper's life: say it is ready, then answer calls until the parent goes. Never returns (and never runs the
+    parent's exit handlers: os._exit)."""
     status = 1
     try:
         _become_helper(parent)
+        sock.send(READY)
         state: State = {}
         while message := sock.recv(MAX_MESSAGE):
             fn, args = pickle.loads(message)
@@ -219,9 +237,7 @@ def _serve(sock: socket.socket, parent: int) -> NoReturn:
 def serve_spawned() -> NoReturn:
     """A spawned helper's life (SPAWNED runs it): its socket, parent and module from argv; ready once imported."""
     importlib.import_module(sys.argv[3])
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    sock.send(READY)
-    _serve(sock, int(sys.argv[2]))
+    _serve(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]))
 
 
 def _become_helper(parent: int) -> None:
@@ -236,8 +252,8 @@ def _become_helper(parent: int) -> None:
     for fd in (1, 2):
         os.dup2(quiet, fd)
     os.close(quiet)
-    if sys.platform == "linux":  # killed by the kernel when the parent dies, even while a decoder hangs
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if PRCTL is not None:  # killed by the kernel when the parent dies, even while a decoder hangs
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before prctl
             os._exit(0)
     # A forked process must not enter its parent's OpenMP thread pool (it hangs there): copies run in this thread.
