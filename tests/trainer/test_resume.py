@@ -98,6 +98,8 @@ def uninterrupted(synthetic_dataset: dict[str, Any], tmp_path_factory: pytest.Te
     run_trainer("-m", "trainer.train", "--config-file", config(synthetic_dataset, tmp, "run"))
     records = read_metrics(tmp / "run" / "metrics.jsonl")
     assert [r["epoch"] for r in records] == [1, 2, 3] and len(set(digests(tmp / "run"))) == 1
+    # every video good: a reference that lost one (a decode helper that never answered) fails here, saying why
+    assert [r["bad_videos"] for r in records] == [0, 0, 0], (tmp / "run" / "bad_videos.json").read_text()
     return tmp / "run"
 
 
