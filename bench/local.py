@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -48,3 +49,11 @@ def training_cluster(name: str, nodes: int, *extra: str) -> Iterator[Path]:
         yield inventory(name)
     finally:
         playbook("playbooks/local-cluster.yml", "-e", f"cluster_name={name}", "-e", "state=absent", check=False)
+
+
+def signal_node(cluster: str, node: int, sig: signal.Signals) -> None:
+    """``sig`` to every process of the local cluster's node (its network namespace)."""
+    out = subprocess.run(["ip", "netns", "pids", f"vc-{cluster}-{node}"], capture_output=True, text=True).stdout
+    for pid in out.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), sig)

@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from bench.local import ENV, REPO, VENV_BIN, build, training_cluster
+from bench.local import ENV, REPO, VENV_BIN, build, signal_node, training_cluster
 from trainer.node_config import merge
 from trainer.runtime.contract import CHANNEL_ENV, METRICS_FILE, STATUS_FILE
 from trainer.runtime.host import channel, procs
@@ -386,9 +386,7 @@ def fault_trainer(job: str, node: int) -> int:
 
 
 def kill_node(node: int) -> None:
-    out = subprocess.run(["ip", "netns", "pids", f"vc-{FAULT_CLUSTER}-{node}"], capture_output=True, text=True).stdout
-    for pid in out.split():
-        os.kill(int(pid), signal.SIGKILL)
+    signal_node(FAULT_CLUSTER, node, signal.SIGKILL)
 
 
 def preempt(job: str) -> None:
