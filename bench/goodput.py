@@ -10,8 +10,8 @@ The faults, at fractions of the job's length (at 40 minutes: a trainer killed ev
   - at 1/4, 1/2 and 3/4: a trainer SIGKILLed (node1's, node2's, node1's): restart in place;
   - at 3/8: node2's machine hangs (every process of its namespace stopped) until the hub has shrunk the world to
     node0 and node1, then THAWED_AFTER_S more; then it answers again and rejoins the running job (the grow).
-At the end the bench stops the job as a scheduler would (SIGTERM to every supervisor: a checkpoint at a common step)
-and prints the job's goodput from its own record (trainer/runtime/job/goodput.py: start-up included), part by part.
+At the end the bench stops the job as a person would (stop-training.yml: a checkpoint at a common step) and prints
+the job's goodput from its own record (trainer/runtime/job/goodput.py: start-up included), part by part.
 Goal: at least GOAL of the wall time trained.
 """
 
@@ -121,8 +121,8 @@ def run_job(inventory: Path, minutes: float) -> JobRecord:
             time.sleep(max(0.0, started + at - time.monotonic()))
             fault()
         time.sleep(max(0.0, started + minutes * 60 - time.monotonic()))
-        for node in range(NODES):  # as a scheduler's preemption: every supervisor
-            os.kill(int(read(job_dir(node, job, CLUSTER) / "state.json")["pid"]), signal.SIGTERM)
+        # as a person would: every node's trainer checkpoints at a common step and exits
+        playbook("-i", str(inventory), "stop-training.yml", "-e", f"job_id={job}")
         say("stopped")
         play.wait(timeout=600)
     finally:
