@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
-from bench import elastic, hf_step
+from bench import elastic, goodput, hf_step
 from bench.__main__ import SECTIONS, sections
 from bench.restarts import STEPS, Run, goals, rows
+from trainer.runtime.job.pace import Effort
+from trainer.runtime.job.record import Kind
 
 
 def test_quick_leaves_the_restart_comparison_and_the_watch_out_unless_named() -> None:
@@ -89,3 +91,37 @@ def test_the_elastic_goals_are_measured_not_assumed() -> None:
     assert "| ours " in elastic.table(arms) and "4 -> 2" in elastic.table(arms)
     worse = [_arm("torchrun", 40.0), _arm("torchft", 0.5, after=2), _arm("ours", 1.0, again=1, after=2)]
     assert not any(elastic.goals(worse).values())
+
+
+def _worker(pid: int, world: int, steps: int, start_step: int, training_from: float,
+            stepped_at: float) -> goodput.Worker:
+    compute_s = 50.0 + pid  # the last worker of a round is its slowest
+    effort = Effort(steps=steps, data_s=1.0, compute_s=compute_s, sync_s=10.0, checkpoint_s=2.0, checkpoints=1,
+                    start_step=start_step, training_from=training_from, checkpoint_every_s=120.0)
+    return goodput.Worker(pid, node=pid % 3, world=world, effort=effort, stepped_at=stepped_at)
+
+
+def test_the_goodput_bench_rebuilds_torchruns_record_a_round_at_a_time() -> None:
+    """torchrun keeps no record: its workers' heartbeats, in any order, make one attempt per rendezvous round. Launched
+    at 0; 3 nodes trained from 10 to 100 (step 100); a kill: 3 anew from the checkpoint at step 80, from 120 to 200;
+    a node hung: 2 from step 150, from 350 to 400; it came back: 3 from step 170, from 450 to 600; the end at 610."""
+    first = [_worker(p, 3, 100, 0, 10.0 + p / 10, 100.0) for p in (1, 2, 3)]
+    second = [_worker(p, 3, 80, 80, 120.0 + p / 10, 200.0) for p in (4, 5, 6)]
+    shrunk = [_worker(p, 2, 20, 150, 350.0 + p / 10, 400.0) for p in (7, 8)]
+    grown = [_worker(p, 3, 100, 170, 450.0 + p / 10, 600.0) for p in (9, 10, 11)]
+    found = goodput.rounds([*grown, *shrunk, *second[::-1], *first])
+    assert [[w.pid for w in members] for members in found] == [[1, 2, 3], [4, 5, 6], [7, 8], [9, 10, 11]]
+    record = goodput.torchrun_record(0.0, 610.0, found)
+    causes = [a.cause for a in record.attempts[1:]]
+    assert [(c.kind, c.at) for c in causes if c is not None] == [(Kind.KILLED, 100.0), (Kind.LOST, 200.0),
+                                                                 (Kind.JOINED, 400.0)]
+    assert record.restarts == 2 and record.spent[0].effort.compute_s == 53.0  # the slowest worker of the round
+    spent = record.goodput
+    assert spent is not None and spent.wall_s == 610.0 and spent.startup_s == 10.3
+    # steps 80 to 100 trained again by the second round, its steps 150 to 160 by the third, none by the last
+    assert abs(spent.recomputed_s - (20 * (53.0 + 10.0) / 100 + 10 * (56.0 + 10.0) / 80)) < 0.06, spent
+    assert abs(spent.restart_s - ((120.6 - 100) + (350.8 - 200) + (451.1 - 400))) < 0.06, spent
+    parts = [getattr(spent, f"{part}_s") for part in goodput.GOODPUT_PARTS]
+    assert abs(sum(parts) - spent.wall_s) < 0.5, spent
+    table = goodput.report([goodput.Result("torchrun", record, "nodes per round: 3 -> 3 -> 2 -> 3")])
+    assert "| torchrun | 2 | nodes per round: 3 -> 3 -> 2 -> 3 | 610 |" in table, table
