@@ -504,8 +504,10 @@ def test_training_status_shows_the_queue_and_the_progress_and_stop_training_stop
     stopped = flat(cluster.playbook("stop-training.yml", "-e", f"job_id={job}").stdout)
     assert f"{job}: stopped; the job stopped: stopped: stopped by user: stop-training.yml" in stopped, stopped[-3000:]
     assert "gone without an end" not in stopped  # every node says the job stopped
-    step = run_status(cluster, job)["step"]
-    assert run_status(cluster, job)["state"] == "preempted"
+    status = run_status(cluster, job)
+    log = job_dir(cluster, job) / "run" / "log.txt"
+    assert status["state"] == "preempted", (status, log.read_text()[-3000:] if log.exists() else "no log")
+    step = status["step"]
     checkpoints = job_dir(cluster, job) / "run" / "checkpoints"
     assert any(p.name.endswith(f"_step_{step:08d}.pth") for p in checkpoints.iterdir())  # at the agreed step
     shown, _ = slurm_view(cluster, job)
