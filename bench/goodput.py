@@ -45,7 +45,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.elastic import free_port
+from bench.elastic import free_port, parent
 from bench.local import ENV, REPO, VENV_BIN, playbook, signal_node, training_cluster
 from bench.restarts import GOODPUT_PARTS, JOB, dataset_paths, job_dir, job_record, read, run_file
 from trainer.node_config import merge
@@ -212,14 +212,25 @@ class Worker:
     stepped_at: float = 0.0  # wall clock: when the bench saw its step count grow last
 
 
-def children(pid: int) -> list[int]:
-    with contextlib.suppress(OSError):
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    return []
+def tree(root: int) -> list[int]:
+    """``root`` and every process it started, and they started (by parent pid: a process started by any thread)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = parent(int(entry.name))
+    found = [root]
+    for pid in found:
+        found.extend(child for child, of in parents.items() if of == pid)
+    return found
 
 
-def descendants(pid: int) -> list[int]:
-    return [d for child in children(pid) for d in (child, *descendants(child))]
+def started_by(pid: int, agent: int) -> bool:
+    """Whether ``pid`` is there and ``agent``'s child."""
+    try:
+        return parent(pid) == agent
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def environment(pid: int) -> dict[str, str] | None:
@@ -254,8 +265,10 @@ class Workers:
 
     def _heard(self, pid: int, path: Path, now: float) -> None:
         if pid not in self.known:
-            env, parent = environment(pid), next((n for n, a in enumerate(self.agents) if pid in children(a)), None)
-            self.known[pid] = None if env is None or parent is None else Worker(pid, parent, int(env["WORLD_SIZE"]))
+            env, node = environment(pid), None
+            with contextlib.suppress(OSError, IndexError, ValueError):  # gone already, or not a worker
+                node = self.agents.index(parent(pid))
+            self.known[pid] = None if env is None or node is None else Worker(pid, node, int(env["WORLD_SIZE"]))
         worker, beat = self.known[pid], read_beat(path)
         if worker is None or beat is None or beat.effort is None:
             return
@@ -340,10 +353,11 @@ def run_torchrun(minutes: float, out: Path) -> Result:
             workers = Workers(beats, [a.pid for a in agents])
             ended = drive_torchrun(agents, workers, minutes)
         finally:
-            for agent in agents:
-                if agent.poll() is None:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
+            for agent in agents:  # its workers too: each in a session of its own
+                for pid in tree(agent.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                agent.wait()
     trained = rounds(workers.stop())
     worlds = " -> ".join(str(members[0].world) for members in trained)
     return Result("torchrun", torchrun_record(launched, ended, trained), f"nodes per round: {worlds}")
@@ -353,7 +367,7 @@ def drive_torchrun(agents: list[subprocess.Popen[bytes]], workers: Workers, minu
     """The timetable's faults to torchrun's workers, then the stop; returns when the agents had ended."""
 
     def current(node: int) -> list[int]:
-        return [w.pid for w in workers.trained() if w.node == node and w.pid in children(agents[node].pid)]
+        return [w.pid for w in workers.trained() if w.node == node and started_by(w.pid, agents[node].pid)]
 
     def kill(node: int) -> None:
         pids = current(node)
@@ -362,7 +376,7 @@ def drive_torchrun(agents: list[subprocess.Popen[bytes]], workers: Workers, minu
         say(f"node{node}'s trainer killed" if pids else f"node{node}: no trainer to kill")
 
     def hang_node(node: int) -> None:
-        pids = [agents[node].pid, *descendants(agents[node].pid)]  # its machine: the agent and all it started
+        pids = tree(agents[node].pid)  # its machine: the agent and all it started
 
         def freeze(sig: signal.Signals) -> None:
             for pid in pids:
