@@ -99,12 +99,15 @@ def test_a_stopped_run_with_loader_workers_ends_with_its_preempted_status(
     # on): a process on its way out must not die of one.
     cfg = train_config(tmp_path, synthetic_dataset, workers=2, epochs=200)
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", "--config-file", str(cfg)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "trainer.train", "--config-file", str(cfg)], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while not list((run / "checkpoints").glob("epoch_0001*.pth")) and time.monotonic() < deadline:
-            assert proc.poll() is None, "the run ended before it was stopped"
+            assert proc.poll() is None, ("the run ended before it was stopped", said(run / "status.json"),
+                                         said(stderr)[-3000:])
             time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 120
@@ -118,6 +121,11 @@ def test_a_stopped_run_with_loader_workers_ends_with_its_preempted_status(
             os.killpg(proc.pid, signal.SIGKILL)
     assert "stopped on a signal at step" in (run / "log.txt").read_text()
     assert group_gone(proc.pid, within=20), "a process of the stopped run is still there (a loader worker?)"
+
+
+def said(path: Path) -> str:
+    """A file's text for a failure's message ("" when it was never written)."""
+    return path.read_text() if path.exists() else ""
 
 
 def group_gone(pgid: int, within: float) -> bool:
