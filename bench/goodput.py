@@ -45,11 +45,12 @@ from pathlib import Path
 
 import yaml
 
-from bench.elastic import free_port, parent
+from bench.elastic import free_port
 from bench.local import ENV, REPO, VENV_BIN, playbook, signal_node, training_cluster
 from bench.restarts import GOODPUT_PARTS, JOB, dataset_paths, job_dir, job_record, read, run_file
 from trainer.node_config import merge
-from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, STATUS_FILE
+from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, JOB_DIR_ENV, STATUS_FILE
+from trainer.runtime.host import procs
 from trainer.runtime.job import goodput
 from trainer.runtime.job.pace import Effort, read_beat, slowest
 from trainer.runtime.job.record import (
@@ -212,27 +213,6 @@ class Worker:
     stepped_at: float = 0.0  # wall clock: when the bench saw its step count grow last
 
 
-def tree(root: int) -> list[int]:
-    """``root`` and every process it started, and they started (by parent pid: a process started by any thread)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = parent(int(entry.name))
-    found = [root]
-    for pid in found:
-        found.extend(child for child, of in parents.items() if of == pid)
-    return found
-
-
-def started_by(pid: int, agent: int) -> bool:
-    """Whether ``pid`` is there and ``agent``'s child."""
-    try:
-        return parent(pid) == agent
-    except (OSError, IndexError, ValueError):
-        return False
-
-
 def environment(pid: int) -> dict[str, str] | None:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -241,11 +221,17 @@ def environment(pid: int) -> dict[str, str] | None:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
+def node_dirs(out: Path) -> list[str]:
+    """Each node's mark: its agent and everything that agent starts carry ``VIDCLUSTER_JOB_DIR=<its dir>``, so that
+    trainer.runtime.host.procs finds them as it finds a job's processes (a worker is in a session of its own)."""
+    return [str(out / f"node{node}") for node in range(NODES)]
+
+
 class Workers:
     """Every worker of the job so far, read every POLL_S from the heartbeat folder and /proc."""
 
-    def __init__(self, beats: Path, agents: list[int]) -> None:
-        self.beats, self.agents = beats, agents
+    def __init__(self, beats: Path, dirs: list[str]) -> None:
+        self.beats, self.dirs = beats, dirs
         self.known: dict[int, Worker | None] = {}  # None: gone before its environment was read
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -264,11 +250,11 @@ class Workers:
                     self._heard(int(path.name), path, now)
 
     def _heard(self, pid: int, path: Path, now: float) -> None:
-        if pid not in self.known:
-            env, node = environment(pid), None
-            with contextlib.suppress(OSError, IndexError, ValueError):  # gone already, or not a worker
-                node = self.agents.index(parent(pid))
-            self.known[pid] = None if env is None or node is None else Worker(pid, node, int(env["WORLD_SIZE"]))
+        if pid not in self.known:  # a heartbeat's pid is a training process's
+            env = environment(pid)
+            mark = env.get(JOB_DIR_ENV) if env is not None else None
+            self.known[pid] = (None if env is None or mark not in self.dirs
+                               else Worker(pid, self.dirs.index(mark), int(env["WORLD_SIZE"])))
         worker, beat = self.known[pid], read_beat(path)
         if worker is None or beat is None or beat.effort is None:
             return
@@ -330,7 +316,9 @@ def torchrun_record(launched: float, ended: float, trained: list[list[Worker]]) 
     return replace(record, goodput=goodput.account(record, None, ended))
 
 
-def run_torchrun(minutes: float, out: Path) -> Result:
+def run_torchrun(minutes: float) -> Result:
+    out = Path(tempfile.mkdtemp(prefix="bench-goodput-"))  # kept: the agents' logs and the run folder
+    say(f"torchrun's logs and run folder: {out}")
     with made_dataset() as data:
         experiment = yaml.safe_load((REPO / "configs" / "i3d_cpu_test.yaml").read_text())
         local = {"CONFIG": {"DATA": dataset_paths(data), "LOG": {"BASE_PATH": str(out), "EXP_NAME": "torchrun"}}}
@@ -339,7 +327,7 @@ def run_torchrun(minutes: float, out: Path) -> Result:
         beats = out / "heartbeats"
         beats.mkdir()
         env = {**ENV, "OMP_NUM_THREADS": "1", HEARTBEAT_DIR_ENV: str(beats), HEARTBEAT_INTERVAL_ENV: str(POLL_S)}
-        port, launched = free_port(), time.time()
+        dirs, port, launched = node_dirs(out), free_port(), time.time()
         agents: list[subprocess.Popen[bytes]] = []
         try:
             for node in range(NODES):
@@ -347,16 +335,14 @@ def run_torchrun(minutes: float, out: Path) -> Result:
                     [str(VENV_BIN / "torchrun"), "--nnodes=2:3", "--nproc-per-node=1",
                      f"--max-restarts={MAX_RESTARTS}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                      f"--rdzv-id=bench-goodput-{os.getpid()}", "-m", "trainer.train", "--config-file", str(cfg)],
-                    cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=(out / f"torchrun-node{node}.txt").open("w"),
-                    start_new_session=True))  # fmt: skip
+                    cwd=REPO, env={**env, JOB_DIR_ENV: dirs[node]}, stdout=subprocess.DEVNULL,
+                    stderr=(out / f"torchrun-node{node}.txt").open("w"), start_new_session=True))  # fmt: skip
                 time.sleep(2.0 if node == 0 else 0.0)  # node 0's agent hosts the rendezvous store
-            workers = Workers(beats, [a.pid for a in agents])
+            workers = Workers(beats, dirs)
             ended = drive_torchrun(agents, workers, minutes)
         finally:
-            for agent in agents:  # its workers too: each in a session of its own
-                for pid in tree(agent.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+            for node, agent in enumerate(agents):  # and everything it started
+                procs.signal_all(procs.job_processes(dirs[node]), signal.SIGKILL)
                 agent.wait()
     trained = rounds(workers.stop())
     worlds = " -> ".join(str(members[0].world) for members in trained)
@@ -366,24 +352,14 @@ def run_torchrun(minutes: float, out: Path) -> Result:
 def drive_torchrun(agents: list[subprocess.Popen[bytes]], workers: Workers, minutes: float) -> float:
     """The timetable's faults to torchrun's workers, then the stop; returns when the agents had ended."""
 
-    def current(node: int) -> list[int]:
-        return [w.pid for w in workers.trained() if w.node == node and started_by(w.pid, agents[node].pid)]
-
     def kill(node: int) -> None:
-        pids = current(node)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        pids = [w.pid for w in workers.trained() if w.node == node and procs.belongs(w.pid, workers.dirs[node])]
+        procs.signal_all(pids, signal.SIGKILL)
         say(f"node{node}'s trainer killed" if pids else f"node{node}: no trainer to kill")
 
     def hang_node(node: int) -> None:
-        pids = tree(agents[node].pid)  # its machine: the agent and all it started
-
-        def freeze(sig: signal.Signals) -> None:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-
-        hang(node, freeze, lambda: any(w.world < NODES for w in workers.trained()))
+        pids = procs.job_processes(workers.dirs[node])  # its machine: the agent and all it started
+        hang(node, lambda sig: procs.signal_all(pids, sig), lambda: any(w.world < NODES for w in workers.trained()))
 
     deadline = time.monotonic() + 600
     while not workers.trained():
@@ -424,11 +400,9 @@ def main() -> int:
     parser.add_argument("--launchers", nargs="+", choices=LAUNCHERS, default=list(LAUNCHERS))
     args = parser.parse_args()
     start, load = time.perf_counter(), os.getloadavg()[0]
-    out = Path(tempfile.mkdtemp(prefix="bench-goodput-"))  # kept: torchrun's agents' logs and run folder
-    say(f"torchrun's logs and run folder: {out}")
     results = []
     for launcher in args.launchers:
-        results.append(run_ours(args.minutes) if launcher == "ours" else run_torchrun(args.minutes, out))
+        results.append(run_ours(args.minutes) if launcher == "ours" else run_torchrun(args.minutes))
         print(report(results[-1:]), file=sys.stderr, flush=True)
     print(report(results))
     print(f"\n{os.cpu_count()} CPU cores, load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, "
