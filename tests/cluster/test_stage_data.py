@@ -7,7 +7,8 @@
     named with shell syntax, file names with spaces and non-ASCII letters: copied, nothing run), a rerun that moves
     nothing, a truncated file found by check-data and repaired from a peer, deletion only when asked, a source on a
     node, too little space on one node and no rsync on another (refused naming them before anything is copied), and
-    a play interrupted halfway whose rerun sends only what was left. A destination all nodes share (copied once):
+    a play interrupted halfway whose rerun sends only what was left, and two clusters that both have a node0 staged
+    the same destination at once (neither stops the other's copy). A destination all nodes share (copied once):
     tests/cluster/test_launch.py's shared-home cluster.
 Run: .venv/bin/python -m pytest -n 0 tests/cluster/test_stage_data.py  (root; a few minutes on 2 cores).
 """
@@ -30,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 from ansible_collections.vidcluster.launcher.plugins.module_utils import stage as stage_layout
 from ansible_collections.vidcluster.launcher.plugins.plugin_utils.words import human
 
@@ -123,8 +125,13 @@ def test_the_layout_and_each_route_name_every_place_once() -> None:
     assert first["node0"] == {
         "sender": "controller", "receiver": "node0", "origin": True, "files": 2, "bytes": 200, "kind": "push",
         "source": "/work/here/videos", "dest": f"vidcluster/stage/{d['node0']}",
-        "need": f":vidcluster/stage/{d['node0']}.need", "lock": f"/cache/{d['node0']}.lock",
+        "need": f":vidcluster/stage/{d['node0']}.need", "handle": d["node0"],
         "progress": "/cache/runs/tok/node0.progress", "record": "/cache/runs/tok/node0.json"}  # fmt: skip
+    # The controller's lock of a push names where it connects too: two clusters may both have a node0.
+    controller = stage_layout.Controller("/cache", "tok")
+    handle = stage_layout.Handle(stage_layout.STAGE_DIR, d["node0"])
+    assert controller.lock(handle, "u@10.0.0.1:22") != controller.lock(handle, "u@10.0.0.2:22")
+    assert controller.lock(handle, "u@10.0.0.1:22").startswith(f"/cache/{d['node0']}.")
     assert second["node1"]["sender"] == "node0" and second["node1"]["record"] == "/cache/runs/tok/node1.json"
     assert {k: second["node1"][k] for k in ("kind", "source", "dest", "need", "lock", "progress")} == {
         "kind": "pull", "source": f"node0:vidcluster/stage/{d['node0']}", "dest": "/home/node1/data/k400",
@@ -363,3 +370,44 @@ def test_a_play_interrupted_halfway_continues_where_it_stopped(cluster: LocalClu
     assert all(data_files(node.home / dest) == files for node in cluster.nodes)
     for node in cluster.nodes:
         shutil.rmtree(node.home / dest)
+
+
+def test_two_clusters_with_a_node0_each_stage_the_same_destination_at_once(cluster: LocalCluster,
+                                                                          tmp_path: Path) -> None:
+    """Two inventories whose one trainer is called node0, at two addresses (this cluster's node0 and node1), staging
+    one controller folder to one destination at the same time: the controller's copy into each is a copy of its own
+    (it used to share one lock by the node's name, and the second play stopped the first one's rsync)."""
+    files = {f"clip{i:02}.mp4": os.urandom(400_000) for i in range(10)}
+    make_files(tmp_path / "src", files)
+    dest = "data/two-clusters"
+    inventories, plays = [], []
+    for node in cluster.nodes[:2]:
+        text = cluster.inventory.read_text()
+        group = yaml.safe_load(text)
+        trainers = group["all"]["children"]["cluster"]["children"]["trainers"]["hosts"]
+        group["all"]["children"]["cluster"]["children"]["trainers"]["hosts"] = {"node0": {**trainers[node.name],
+                                                                                          "node_rank": 0}}
+        inventories.append(tmp_path / f"inventory-{node.name}.yml")
+        inventories[-1].write_text(yaml.safe_dump(group))
+    # Started together, each copy slowed to about 12 s: the two copies overlap whichever play reaches its copy first.
+    settings = {"src": str(tmp_path / "src"), "dest": dest, "stage_data_bwlimit_kbps": 300,
+                "stage_data_poll_seconds": 0.5}
+    try:
+        for inventory in inventories:
+            plays.append(subprocess.Popen(
+                [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/stage-data.yml",
+                 "-e", json.dumps(settings)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env=playbook_env(),
+            ))  # fmt: skip
+        outs = [play.communicate(timeout=300)[0] for play in plays]
+    finally:
+        for play in plays:
+            play.kill()
+    for play, out in zip(plays, outs, strict=True):
+        assert play.returncode == 0, out[-3000:]
+        assert "[round 1/1] node0 <- controller: done, 10 files" in flat(out), out[-3000:]
+    try:
+        assert all(data_files(node.home / dest) == files for node in cluster.nodes[:2])
+    finally:
+        for node in cluster.nodes:
+            shutil.rmtree(node.home / dest, ignore_errors=True)

@@ -46,7 +46,7 @@ atomic = trainer_module("runtime.atomic")  # the one way a file others read is r
 # every name trainer/data/manifest.py leaves out of a dataset.
 PARTIAL_DIR = ".vidcluster-partial"
 SETTINGS = ("round", "rounds", "started", "total_files", "total_bytes", "bwlimit_kbps", "io_timeout", "poll_seconds",
-            "report_seconds", "silence_seconds", "run_dir")
+            "report_seconds", "silence_seconds", "cache", "token")
 
 
 class ActionModule(ActionBase):
@@ -59,6 +59,7 @@ class ActionModule(ActionBase):
         self._vars = task_vars or {}
         self._args = dict(self._task.args)
         self._node = str(self._vars["inventory_hostname"])
+        self._controller = stage.Controller(str(self._args["cache"]), str(self._args["token"]))
         t = self._args["transfer"]
         self._label = f"[round {self._args['round']}/{self._args['rounds']}] {self._node} <- {sender_name(t)}"
         start = time.monotonic()
@@ -84,11 +85,14 @@ class ActionModule(ActionBase):
     def _push(self, t: dict[str, Any]) -> dict[str, Any]:
         """The controller sends the first copy: the copy runs here (stage.py as a child), rsync to this node's
         handle; the node's need list is read on the node (--files-from=:PATH)."""
-        host = str(self._connection.get_option("host"))
+        c = self._connection
+        host = str(c.get_option("host"))
         target = f"[{host}]" if ":" in host else host
         argv = [*self._rsync(t), "-e", self._ssh_command(), f"{t['source']}/", f"{target}:{t['dest']}/"]
+        address = f"{c.get_option('remote_user') or ''}@{target}:{c.get_option('port') or 22}"
+        lock = self._controller.lock(stage.Handle(stage.STAGE_DIR, t["handle"]), address)
         progress = Path(t["progress"])
-        proc = subprocess.Popen([sys.executable, stage.__file__, "copy", t["lock"], str(progress), *argv],
+        proc = subprocess.Popen([sys.executable, stage.__file__, "copy", lock, str(progress), *argv],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
         def look() -> dict[str, Any] | None:
@@ -179,7 +183,7 @@ class ActionModule(ActionBase):
         else:
             mine = (f"{done_files}/{t['files']} files, {human(done)}/{human(t['bytes'])}, "
                     f"{rate_eta(done, t['bytes'], seconds)}")
-        records = [_json(p.read_bytes()) for p in Path(self._args["run_dir"]).glob("*.json")]
+        records = [_json(p.read_bytes()) for p in Path(self._controller.run_dir).glob("*.json")]
         all_files = sum(int(r.get("files", 0)) for r in records if r)
         all_bytes = sum(int(r.get("bytes", 0)) for r in records if r)
         total_files, total_bytes = int(self._args["total_files"]), int(self._args["total_bytes"])

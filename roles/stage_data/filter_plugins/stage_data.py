@@ -56,9 +56,10 @@ def stage_data_routes(plan: Mapping[str, Any], layout: Mapping[str, Any], states
                       source: Mapping[str, Any] | None = None) -> list[dict[str, dict[str, Any]]]:
     """Each round of ``plan`` as ``{receiver: transfer}``, every transfer with the route its copy takes: ``kind``
     (push: the controller sends; pull: the receiver copies from a peer over the SSH mesh; local: the source node
-    copies its own folder), rsync's ``source`` and ``dest``, the ``need`` list, the ``lock`` and ``progress`` file
-    of the copy and the controller's ``record`` of it. ``states``: each receiver's prepare result (its absolute
-    stage folder and destination); ``source``: the source node's source result (its absolute source folder).
+    copies its own folder), rsync's ``source`` and ``dest``, the ``need`` list, the ``lock`` (a push: the ``handle``,
+    the action naming its lock by where it connects) and ``progress`` file of the copy and the controller's ``record``
+    of it. ``states``: each receiver's prepare result (its absolute stage folder and destination); ``source``: the
+    source node's source result (its absolute source folder).
     """
     controller = stage.Controller(layout["cache"], layout["token"])
     rounds = []
@@ -70,8 +71,7 @@ def stage_data_routes(plan: Mapping[str, Any], layout: Mapping[str, Any], states
             remote = stage.Handle(stage.STAGE_DIR, layout["handles"][node])  # the same, from its home (rsync)
             if sender == CONTROLLER:
                 route = {"kind": "push", "source": layout["origin"]["path"], "dest": remote.path,
-                         "need": f":{remote.need}", "lock": controller.lock(remote),
-                         "progress": controller.progress(node)}
+                         "need": f":{remote.need}", "handle": remote.name, "progress": controller.progress(node)}
             else:
                 if sender == node:  # the source node's own folder
                     kind, where = "local", str((source or {})["src"])

@@ -15,7 +15,8 @@ Beside each handle (``Handle``):
     <handle>.<token>.progress    that copy's progress (copy; prepare forgets those of earlier plays)
 
 On the controller, in the stage_data cache folder (``Controller``): ``<key>.json``, the manifest of a source (built
-there or fetched; a rebuild hashes only what changed); ``<handle>.lock`` of the copy the controller sends itself;
+there or fetched; a rebuild hashes only what changed); ``<handle>.<key(address)>.lock`` of the copy the controller
+sends itself (named by where it connects as well: two clusters may both have a ``node0``);
 ``runs/<token>/<node>.progress`` of that copy and ``runs/<token>/<node>.json``, every transfer's record of what it
 moved (the totals and the summary read them; removed when the play ends).
 
@@ -106,8 +107,11 @@ class Controller:
     def run_dir(self) -> str:
         return posixpath.join(self.cache, "runs", self.token)
 
-    def lock(self, handle: Handle) -> str:
-        return posixpath.join(self.cache, f"{handle.name}.lock")
+    def lock(self, handle: Handle, address: str) -> str:
+        """The lock of the copy the controller sends into ``handle`` on the node it reaches at ``address``
+        (user@host:port): a node's name alone is one inventory's, and a play on another cluster with a node of the
+        same name must not stop this copy as if an interrupted play had left it."""
+        return posixpath.join(self.cache, f"{handle.name}.{key(address)}.lock")
 
     def progress(self, node: str) -> str:
         return posixpath.join(self.run_dir, f"{node}.progress")
