@@ -181,6 +181,50 @@ def test_a_torchrun_restart_forms_a_new_group_though_the_agents_store_keeps_the_
     assert_world(recs, world=2, per_node=2)
 
 
+AGENT_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    from trainer.distributed.context import Plan
+    from trainer.distributed.process_group import init_group
+    rank, late = int(os.environ["RANK"]), float(sys.argv[1])
+    time.sleep(late)
+    plan = Plan(node_rank=rank, num_nodes=2, per_node=1, backend="gloo", init_method="env://", timeout_s=20,
+                dist_url=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", use_cuda=False, source="torchrun")
+    init_group(plan.context(0), plan)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    print(json.dumps({"rank": rank, "sum": total.item()}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_the_workers_of_one_torchrun_round_form_it_whatever_each_agents_restart_count(tmp_path: Path) -> None:
+    """Multi-node torchrun: each agent counts its own restarts (one whose worker failed counts one, one restarted for
+    the new membership does not), so the workers of one round see different TORCHELASTIC_RESTART_COUNTs, in a store
+    (the agents') that still holds the keys of the attempts before. A first attempt forms and ends; the second's
+    ranks have counts 5 and 2, rank 0 coming 2 s late (rank 1 reads the store first): they form one group (named by
+    the count, they waited in two namespaces, rank 1 on the first attempt's dead addresses, until the timeout)."""
+    port = free_port()
+    agents_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # as rank 0's agent
+    try:
+        for counts, late in (((0, 0), (0, 0)), ((5, 2), (2, 0))):
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                   "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "job"}
+            workers = [subprocess.Popen([sys.executable, "-c", AGENT_WORKER, str(late[rank])], cwd=REPO,
+                                        env=child_env(**env, RANK=str(rank),
+                                                      TORCHELASTIC_RESTART_COUNT=str(counts[rank])),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       for rank in (0, 1)]
+            outs = [worker.communicate(timeout=90) for worker in workers]
+            for worker, (_, err) in zip(workers, outs, strict=True):
+                assert worker.returncode == 0, f"restart counts {counts}: {err[-2000:]}"
+            assert [json.loads(out) for out, _ in outs] == [{"rank": 0, "sum": 3.0}, {"rank": 1, "sum": 3.0}]
+    finally:
+        del agents_store
+
+
 def test_a_group_that_cannot_form_ends_the_process_within_the_timeout(tmp_path: Path) -> None:
     # A wait that raises nothing (gloo connecting to a peer that died while connecting): the watch ends the process
     # with status 1 (a restart may help) and one line, 5 s after TIMEOUT_SECONDS (the timeout's own error comes first

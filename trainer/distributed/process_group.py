@@ -8,6 +8,8 @@ import logging
 import os
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 
 import torch
@@ -28,18 +30,69 @@ log = logging.getLogger(__name__)
 _FORMING_GRACE_S = 5.0
 
 
-def _attempt_store(plan: Plan) -> dist.Store | None:
-    """Under torchrun, the store its agent keeps for the workers outlives a restart, and with it every key the last
+def _attempt_store(ctx: DistContext, plan: Plan) -> dist.Store | None:
+    """Under torchrun, the store its agents keep for the workers outlives a restart, and with it every key the last
     attempt's workers wrote, gloo's peer addresses among them: a restarted rank could read a dead peer's address and
-    wait on it. Each attempt gets a namespace of its own (torchrun's restart count). None: the rendezvous is fresh
-    for every attempt (a store rank 0 hosts), init_method as planned."""
+    wait on it. Each attempt gets a namespace of its own, which its ranks agree on (``_agree_on_attempt``). None: the
+    rendezvous is fresh for every attempt (a store rank 0 hosts), init_method as planned."""
     env = os.environ
     if plan.source != "torchrun" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=plan.timeout_s))
-    attempt = f"{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return dist.PrefixStore(f"vidcluster/attempt/{attempt}", store)
+    run = f"vidcluster/{env.get('TORCHELASTIC_RUN_ID', '')}"
+    attempt = _agree_on_attempt(dist.PrefixStore(f"{run}/handshake", store), ctx.rank, ctx.world_size,
+                                plan.timeout_s)
+    return dist.PrefixStore(f"{run}/attempt/{attempt}", store)
+
+
+_HANDSHAKE_POLL_S = 0.05
+
+
+def _agree_on_attempt(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> str:
+    """A name for this attempt that every rank of it returns, drawn by its rank 0, in a store that keeps the keys of
+    attempts that died.
+
+    Nothing torchrun exports names the attempt for all its ranks: TORCHELASTIC_RESTART_COUNT is each agent's own
+    (an agent whose worker failed counts a restart, one restarted because the membership changed does not), and the
+    rendezvous round stays in the agents. So: every rank says hello with a nonce drawn now; rank 0 answers each hello
+    it reads with its own nonce and the hello's, again whenever a hello changes (the first it read may be a dead
+    attempt's); a rank that reads its own nonce in its answer has the name and says it joined; rank 0 goes on once
+    every rank has joined under its name. A dead attempt's keys hold nonces no one draws again, so none is taken for
+    this attempt's."""
+    mine = uuid.uuid4().hex
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        answered: dict[int, str] = {}
+        waiting = set(range(1, world_size))
+        while waiting:
+            for peer in sorted(waiting):
+                hello = _read(store, f"hello/{peer}")
+                if hello and answered.get(peer) != hello:
+                    store.set(f"answer/{peer}", f"{mine} {hello}")
+                    answered[peer] = hello
+                if _read(store, f"joined/{peer}") == mine:
+                    waiting.discard(peer)
+            _pause_until(deadline, f"ranks {sorted(waiting)} did not join the attempt")
+        return mine
+    store.set(f"hello/{rank}", mine)
+    while True:
+        name, _, hello = _read(store, f"answer/{rank}").partition(" ")
+        if hello == mine:
+            store.set(f"joined/{rank}", name)
+            return name
+        _pause_until(deadline, "rank 0 did not answer")
+
+
+def _read(store: dist.Store, key: str) -> str:
+    """The key's value, '' while it has none (no wait)."""
+    return store.get(key).decode() if store.check([key]) else ""
+
+
+def _pause_until(deadline: float, waiting_for: str) -> None:
+    if time.monotonic() > deadline:
+        raise dist.DistStoreError(f"{waiting_for} in the agents' store")
+    time.sleep(_HANDSHAKE_POLL_S)
 
 
 @contextlib.contextmanager
@@ -73,7 +126,7 @@ def init_group(ctx: DistContext, plan: Plan) -> None:
     before = _sockets()
     try:
         with _formed_within(ctx, plan):
-            store = _attempt_store(plan)
+            store = _attempt_store(ctx, plan)
             dist.init_process_group(
                 backend=plan.backend,
                 init_method=None if store is not None else plan.init_method,
