@@ -73,7 +73,8 @@ def _agree_on_attempt(store: dist.Store, rank: int, world_size: int, timeout_s: 
                     answered[peer] = hello
                 if _read(store, f"joined/{peer}") == mine:
                     waiting.discard(peer)
-            _pause_until(deadline, f"ranks {sorted(waiting)} did not join the attempt")
+            if waiting:  # (every rank joined: go on, whatever the clock says)
+                _pause_until(deadline, f"ranks {sorted(waiting)} did not join the attempt")
         return mine
     store.set(f"hello/{rank}", mine)
     while True:
