@@ -43,35 +43,18 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   /usr/bin/python3 -m venv "$VENV"
   pip_args=()
   for f in "${req_files[@]}"; do [[ "$f" == *-reference.txt || "$f" == *-node.txt ]] || pip_args+=(-r "$f"); done
-  # uv installs the requirements (torch and its CUDA libraries are about 4 GB) in half of pip's time; pip
-  # installs uv. uv does not read pip's configuration, so the indexes, wheel folders, constraints and certificate
-  # pip is configured with (a site's mirror, a local wheelhouse) are handed to it, and it weighs every index as pip
-  # does. (The filter hides a harmless warning some pip configurations print once per package.)
+  # uv installs the requirements (torch and its CUDA libraries are about 4 GB) in half of pip's time; pip installs
+  # uv, and hands it its own settings (scripts/uv_settings.py: uv reads no pip configuration). Compiled as pip
+  # compiles them: a process that cannot write the venv (the local test nodes' user, a read-only mount) would
+  # otherwise compile every module it imports, every time. (The filter hides a harmless warning some pip
+  # configurations print once per package.)
   "$VENV/bin/pip" install -q --disable-pip-version-check "uv==$UV_VERSION" 2> >(grep -v "is ignored: it is neither" >&2)
-  uv_settings=$("$VENV/bin/python" - "$VENV/bin/pip" <<'PY'
-import ast, shlex, subprocess, sys
-# pip config list: "<scope>.<key>=<repr of the value>", environment variables as scope ":env:" (they win over files)
-listed = subprocess.run([sys.argv[1], "config", "list"], capture_output=True, text=True, check=True).stdout
-found = {}
-for line in sorted(listed.splitlines(), key=lambda line: line.startswith(":env:")):
-    name, _, value = line.partition("=")
-    found[name.rpartition(".")[2]] = ast.literal_eval(value).split()  # a list setting: one entry per line or word
-# pip's setting -> uv's variable, and how uv separates a list
-uv = {"index-url": ("UV_DEFAULT_INDEX", " "), "extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
-      "find-links": ("UV_FIND_LINKS", ","), "constraint": ("UV_CONSTRAINT", " "), "cert": ("SSL_CERT_FILE", " ")}
-for key, (var, sep) in uv.items():
-    if found.get(key):
-        print(f"export {var}={shlex.quote(sep.join(found[key]))}")
-print("export UV_INDEX_STRATEGY=unsafe-best-match")
-PY
-)
-  eval "$uv_settings"
-  # Compiled as pip compiles them: a process that cannot write the venv (the local test nodes' user, a read-only
-  # mount) would otherwise compile every module it imports, every time.
-  "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" "${pip_args[@]}"
+  uv_settings=$("$VENV/bin/python" "$ROOT/scripts/uv_settings.py" "$VENV/bin/pip")
+  mapfile -t uv_env <<< "$uv_settings"
+  uv=(env "${uv_env[@]}" "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python")
+  "${uv[@]}" "${pip_args[@]}"
   # the reference implementations of the weights tests, without their dependencies (they would replace torch)
-  [ "${1:-}" = "--dev" ] && "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --no-deps \
-    -r "$ROOT/requirements-reference.txt"
+  [ "${1:-}" = "--dev" ] && "${uv[@]}" --no-deps -r "$ROOT/requirements-reference.txt"
   "$VENV/bin/python" -c "import torch, torchvision, decord, torchcodec, ansible, paramiko, yaml, pydantic"
   echo "$want" > "$stamp"
 fi
