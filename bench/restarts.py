@@ -202,11 +202,12 @@ def run_file(node: int, job: str, name: str, cluster: str = CLUSTER) -> Path:
     return home(node, cluster) / "vidcluster" / "jobs" / job / "run" / name
 
 
-def launch(inventory: Path, job: str, *extra: str) -> subprocess.Popen[bytes]:
+def launch(inventory: Path, job: str, *extra: str, overrides: dict[str, Any] = JOB) -> subprocess.Popen[bytes]:
+    """launch-training.yml of configs/i3d_cpu_test.yaml with ``overrides`` as job ``job``, in the background."""
     return subprocess.Popen(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "launch-training.yml", "-e", "config=i3d_cpu_test",
          "-e", f"job_id={job}", "-e", "ddp_config_omp_num_threads=1", "-e", "ddp_launch_poll_seconds=2",
-         "-e", json.dumps({"ddp_config_overrides": JOB}), *extra],
+         "-e", json.dumps({"ddp_config_overrides": overrides}), *extra],
         cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
@@ -424,12 +425,8 @@ def measure_fault(inventory: Path, name: str, index: int) -> dict[str, Any]:
     fault, hub = SCENARIOS[name]
     job = f"bench-fault-{index}-{os.getpid()}"
     overrides = {"CONFIG": {"TRAIN": {"EPOCH_NUM": 40, "CHECKPOINT_MINUTES": CHECKPOINT_MINUTES}}}
-    play = subprocess.Popen(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "launch-training.yml", "-e", "config=i3d_cpu_test",
-         "-e", f"job_id={job}", "-e", "ddp_config_omp_num_threads=1", "-e", "ddp_config_stop_grace=10",
-         "-e", f"ddp_config_heartbeat_timeout={HEARTBEAT_S}", "-e", "ddp_launch_poll_seconds=2",
-         "-e", "ddp_launch_recheck_seconds=15", "-e", json.dumps({"ddp_config_overrides": overrides})],
-        cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    play = launch(inventory, job, "-e", "ddp_config_stop_grace=10", "-e", f"ddp_config_heartbeat_timeout={HEARTBEAT_S}",
+                  "-e", "ddp_launch_recheck_seconds=15", overrides=overrides)
     while read(run_file(0, job, STATUS_FILE, FAULT_CLUSTER)).get("epoch", 0) < 6:
         if play.poll() is not None:
             raise SystemExit(f"{job}: the launch ended (status {play.returncode}) before epoch 6")

@@ -4,12 +4,13 @@ in a full run."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench import elastic, goodput, hf_step
+from bench import elastic, goodput, hf_step, rejoin
 from bench.__main__ import SECTIONS, sections
 from bench.restarts import STEPS, Run, goals, rows
 from trainer.runtime.job.pace import Effort
@@ -78,6 +79,23 @@ def test_the_elastic_bench_reads_stall_steps_again_and_batches_from_the_sample_l
     replicas = [{"step": 4, "rank": 0, "t": 4.0, "replicas": 2, "samples": [0, 1]},
                 {"step": 5, "rank": 0, "t": 9.0, "replicas": 1, "samples": [2, 3]}]
     assert (elastic.global_batch(replicas, 4), elastic.global_batch(replicas, 5)) == (4, 2)
+
+
+def test_the_rejoin_bench_counts_the_worlds_steps_from_the_hubs_decision_to_the_joiners_first() -> None:
+    # Attempt 1 (2 ranks) steps every 0.1 s to step 9 at 10.9 s; node2 thawed at 10.25 (rank 0 had taken step 2),
+    # the hub decided at 10.85 (step 8; the smaller world takes step 9 still); the grown world (attempt 2, node2 rank
+    # 2) takes step 10 at 12.0 s, then 11.
+    steps = [(s, r, 10.0 + s / 10, 1) for s in range(1, 10) for r in (0, 1)]
+    steps += [(s, r, 12.0 + (s - 10) / 10, 2) for s in (10, 11) for r in (0, 1, 2)]
+    found = rejoin.measure(_records(steps), thawed=10.25, decided=10.85, attempt=2, joiner=2)
+    assert (found.steps_after_decision, found.steps_after_thaw) == (2, 8)
+    assert (round(found.answered_s, 2), round(found.trains_s, 2), round(found.pause_s, 2)) == (0.6, 1.15, 1.1)
+    assert round(found.step_s, 3) == 0.1
+    late = rejoin.measure(_records(steps), thawed=10.25, decided=10.45, attempt=2, joiner=2)
+    assert late.steps_after_decision == 6 and not rejoin.met([found, late]) and rejoin.met([found])
+    assert not rejoin.met([dataclasses.replace(found, from_memory=False)])
+    assert not rejoin.met([dataclasses.replace(found, accumulation_back=False)])
+    assert "| 1 | 0.60 | 2 | 8 | 1.15 | 1.10 | 0.100 | yes | yes |" in rejoin.table([found])
 
 
 def _arm(name: str, stall: float, again: int = 0, after: int = 4) -> elastic.Arm:
