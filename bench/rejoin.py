@@ -1,15 +1,15 @@
 """A lost node that answers again rejoins the running job (issue 37): how many of the world's steps, and how many
 seconds, pass between the hub hearing it and its first step.
 
-    .venv/bin/python -m bench.rejoin [--repeats 3]     (root: a 3-node local cluster; about 1 minute a round)
+    .venv/bin/python -m bench.rejoin [--repeats 3]     (root: a 3-node local cluster; about 2 minutes a round)
 
-The job: configs/i3d_cpu_test.yaml on the three nodes of a local cluster, no spare, vidcluster_min_nodes 2, one clip
-per process and step (several optimizer steps an epoch, so that an epoch's end is not every step), the trainers'
-sample log on (LOG.SAMPLE_LOG), a heartbeat timeout of HEARTBEAT_S. Each round: in epoch FREEZE_EPOCH node2's
-machine hangs (every process of its namespace stopped) until the world has shrunk to node0 and node1 (the record's
-first world change) and THAW_AFTER_S more; then it answers again (SIGCONT). Its supervisor finds the hub, the hub
-grows the world back (the record's second world change: ``at`` is the hub's decision) and node2 trains again from a
-peer's memory.
+The job: configs/i3d_cpu_test.yaml with bench/restarts.py's model and clips (r3d_18 on 56 px) on the three nodes of a
+local cluster, no spare, vidcluster_min_nodes 2, one clip per process and step (several optimizer steps an epoch, so
+that an epoch's end is not every step), the trainers' sample log on (LOG.SAMPLE_LOG), a heartbeat timeout of
+HEARTBEAT_S. Each round: in epoch FREEZE_EPOCH node2's machine hangs (every process of its namespace stopped) until the
+world has shrunk to node0 and node1 (the record's first world change) and the smaller world has trained SMALLER_STEPS
+steps; then it answers again (SIGCONT). Its supervisor finds the hub, the hub grows the world back (the record's second
+world change: ``at`` is the hub's decision) and node2 trains again from a peer's memory.
 
 Every line of the sample logs of rank 0 (node0) and of node2 is stamped as it appears (bench/elastic.py's Watcher,
 every 20 ms). Per round:
@@ -19,7 +19,8 @@ every 20 ms). Per round:
     steps until node2 trains, its first one included (goal, issue 37: at most 2);
   - steps after the thaw: the same, counted from the thaw;
   - decided -> trains: the decision to node2's first step, s;
-  - pause: the world's last step before the grow to its first step after it, s, against the step time before;
+  - pause: the world's last step before the grow to its first step after it, s, against the step time (rank 0's
+    median between two steps of one attempt);
   - from memory: every attempt after the first went on from a peer's memory (metrics.jsonl), none read a checkpoint;
   - accumulation back: the run's log says the accumulation went back to the launch's (2 -> 1).
 """
@@ -42,19 +43,23 @@ from typing import Any
 
 from bench.elastic import Watcher
 from bench.local import REPO, signal_node, training_cluster
+from bench.restarts import JOB as RESTARTS_JOB
 from bench.restarts import job_dir, job_record, launch, read, run_file
 from trainer.runtime.contract import METRICS_FILE, STATUS_FILE
 from trainer.runtime.job.record import Kind
 
 CLUSTER = "brejoin"
-EPOCHS = 30
-FREEZE_EPOCH = 5
-THAW_AFTER_S = 3.0  # the smaller world trains this long before node2 answers: its way back alone is measured
+EPOCHS = 8
+FREEZE_EPOCH = 2
+SMALLER_STEPS = 4  # the smaller world trains this many steps before node2 answers: its way back alone is measured
 HEARTBEAT_S = 10
 TIMEOUT_S = 600
 GOAL_STEPS = 2
 JOINER_NODE = 2
-JOB = {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS, "BATCH_SIZE": 1}, "LOG": {"SAMPLE_LOG": True}}}
+# bench/restarts.py's model and clips (r3d_18, 56 px: a step of a few tenths of a second here, not i3d_tiny's 0.02 s,
+# which is shorter than the hub's word takes to reach a trainer), one clip per process and step.
+JOB = {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS, "BATCH_SIZE": 1}, "LOG": {"SAMPLE_LOG": True},
+                  "DATA": RESTARTS_JOB["CONFIG"]["DATA"], "MODEL": RESTARTS_JOB["CONFIG"]["MODEL"]}}
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,8 @@ def measure(records: list[dict[str, Any]], thawed: float, decided: float, attemp
     def last_step(at: float) -> int:
         return max((r["step"] for r in rank0 if r["t"] <= at), default=0)
 
-    smaller = [r for r in rank0 if r["attempt"] == attempt - 1 and r["t"] <= decided]
-    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(smaller) if b["step"] == a["step"] + 1]
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(rank0) if (b["step"], b["attempt"]) == (a["step"] + 1,
+                                                                                                 a["attempt"])]
     grown = [r for r in rank0 if r["attempt"] == attempt]
     before = [r for r in rank0 if r["attempt"] < attempt]
     return Rejoin(answered_s=decided - thawed, steps_after_decision=first["step"] - last_step(decided),
@@ -111,7 +116,9 @@ def round_(inventory: Path, index: int, keep: Path | None) -> Rejoin:
              f"epoch {FREEZE_EPOCH}")
         signal_node(CLUSTER, JOINER_NODE, signal.SIGSTOP)
         wait(lambda: bool(job_record(0, job, CLUSTER).world_changes), play, "the world to shrink")
-        time.sleep(THAW_AFTER_S)
+        smaller = job_record(0, job, CLUSTER).attempt
+        wait(lambda: sum(r["rank"] == 0 and r["attempt"] == smaller for r in watcher.records) >= SMALLER_STEPS, play,
+             f"{SMALLER_STEPS} steps of the smaller world")
         thawed = time.time()
         signal_node(CLUSTER, JOINER_NODE, signal.SIGCONT)
         if play.wait(timeout=TIMEOUT_S) != 0:

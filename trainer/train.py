@@ -208,7 +208,7 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
                             PROCESS.attempt, type(exc).__name__, first_line(exc))
                 kept = park(run, kept)
             run = None
-            gc.collect()  # the attempt's DDP wrapper, optimizer and groups go now, not whenever
+            gc.collect()  # the attempt's DDP wrapper, optimizer and groups go now, not whenever (main froze the rest)
             try:
                 join = place.next_attempt(PROCESS.attempt, lambda: stop.requested)
             except ParentGone as exc:
@@ -569,6 +569,9 @@ def setup_launcher_logging() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     PROCESS.mark("imported")
+    # The imports' objects (350,000: torch, torchvision, the models) live as long as the process: out of the
+    # collector's reach, a full collection (a survivor parking in place: train_worker) takes 0.2 ms here, not 0.2 s.
+    gc.freeze()
     args = get_args_parser().parse_args(standby_argv(list(sys.argv[1:] if argv is None else argv)))
     setup_launcher_logging()
     cfg = load_cli_config(args)

@@ -4,6 +4,7 @@ device; pass stop signals on to them, and turn a worker's failure into the launc
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -135,6 +136,7 @@ def _run_worker(
 
 def _spawned(local_rank: int, plan: Plan, worker_fn: WorkerFn, cfg: Config, failures: str) -> None:
     PROCESS.mark("imported")  # a spawned worker is a new interpreter: its imports came with its arguments
+    gc.freeze()  # as trainer.train.main does: its imports' objects stay out of every collection
     start_heartbeat()
     if not plan.use_cuda and "OMP_NUM_THREADS" not in os.environ:  # a user's setting wins, as under torchrun
         # N CPU workers share the cores; torch would otherwise start one thread per core in each of them.
