@@ -56,8 +56,8 @@ HEARTBEAT_S = 10
 TIMEOUT_S = 600
 GOAL_STEPS = 2
 JOINER_NODE = 2
-# bench/restarts.py's model and clips (r3d_18, 56 px: a step of a few tenths of a second here, not i3d_tiny's 0.02 s,
-# which is shorter than the hub's word takes to reach a trainer), one clip per process and step.
+# bench/restarts.py's model and clips (r3d_18, 56 px: a step of about 1.8 s here, not i3d_tiny's 0.02 s, which is
+# shorter than the hub's word takes to reach a trainer), one clip per process and step.
 JOB = {"CONFIG": {"TRAIN": {"EPOCH_NUM": EPOCHS, "BATCH_SIZE": 1}, "LOG": {"SAMPLE_LOG": True},
                   "DATA": RESTARTS_JOB["CONFIG"]["DATA"], "MODEL": RESTARTS_JOB["CONFIG"]["MODEL"]}}
 
@@ -102,7 +102,8 @@ def wait(until: Callable[[], bool], play: subprocess.Popen[bytes], what: str) ->
     deadline = time.monotonic() + TIMEOUT_S
     while not until():
         if play.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"bench/rejoin.py: waiting for {what}: the launch ended with {play.poll()}")
+            ended = "timed out" if play.poll() is None else f"the launch ended with status {play.returncode}"
+            raise SystemExit(f"bench/rejoin.py: waiting for {what}: {ended}")
         time.sleep(0.1)
 
 
