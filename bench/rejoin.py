@@ -1,7 +1,7 @@
 """A lost node that answers again rejoins the running job (issue 37): how many of the world's steps, and how many
 seconds, pass between the hub hearing it and its first step.
 
-    .venv/bin/python -m bench.rejoin [--repeats 3]     (root: a 3-node local cluster; about 2 minutes a round)
+    .venv/bin/python -m bench.rejoin [--repeats 3]     (root: a 3-node local cluster; about 4 minutes a round)
 
 The job: configs/i3d_cpu_test.yaml with bench/restarts.py's model and clips (r3d_18 on 56 px) on the three nodes of a
 local cluster, no spare, vidcluster_min_nodes 2, one clip per process and step (several optimizer steps an epoch, so
