@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bench.ddp import BATCH, CLIP, MODEL, _free_port
+from bench.ddp import BATCH, CLIP, MODEL
 from trainer.accel import wrap_ddp
 from trainer.checkpoint import CheckpointWriter, save_checkpoint
 from trainer.config import validate_config
@@ -38,6 +38,7 @@ from trainer.coordination import StepControl, StopRequest
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext
 from trainer.models import build_model
+from trainer.runtime.host.ports import free_port
 
 SAVED_MODEL = "slowfast_8x8_resnet50_kinetics400"
 
@@ -141,7 +142,7 @@ def agreement_cost(steps: int) -> dict[str, float]:
     """Median training step and agreement, in seconds, of a 2-process job (the mean of its ranks' medians)."""
     with tempfile.TemporaryDirectory() as out:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_agreement_worker, args=(2, _free_port(), steps, out), nprocs=2, join=True)
+        mp.spawn(_agreement_worker, args=(2, free_port(), steps, out), nprocs=2, join=True)
         medians = [tuple(map(float, Path(out, f"rank{r}").read_text().split())) for r in range(2)]
     return {"step": statistics.mean(m[0] for m in medians), "agree": statistics.mean(m[1] for m in medians)}
 

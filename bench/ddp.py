@@ -12,7 +12,6 @@ separates the two: two independent single-process runs side by side (no DDP, the
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +27,9 @@ from trainer.config import validate_config
 from trainer.data.transforms import ClipNormalizer
 from trainer.distributed import DistContext
 from trainer.models import build_model
+from trainer.runtime.host.ports import free_port
 
 MODEL, BATCH, CLIP = "i3d_tiny", 4, (16, 112, 112)  # a small I3D on 16 x 112 x 112 clips: ~0.1 s a step on one core
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker(rank: int, world: int, distributed: bool, port: int, steps: int, out: str) -> None:
@@ -74,7 +68,7 @@ def steps_per_second(world: int, steps: int, distributed: bool = True) -> float:
     independent single-process runs, which share the machine the same way but never communicate."""
     with tempfile.TemporaryDirectory() as out:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_worker, args=(world, distributed and world > 1, _free_port(), steps, out), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, distributed and world > 1, free_port(), steps, out), nprocs=world, join=True)
         rates = [float(Path(out, f"rank{r}").read_text()) for r in range(world)]
     return sum(rates) / len(rates)
 

@@ -60,6 +60,7 @@ from trainer.node_config import merge
 from trainer.runtime.contract import CHANNEL_ENV, IN_PLACE_ENV, TRAINER_ENV
 from trainer.runtime.host import channel
 from trainer.runtime.host.channel import Join, Notice, ProcState, Who
+from trainer.runtime.host.ports import free_port
 
 EPOCHS = 6
 BATCH = 2  # clips per process and step: 24 training videos, 6 steps an epoch on 2 processes
@@ -172,12 +173,6 @@ def global_batch(records: list[dict[str, Any]], step: int) -> int:
     if any("replicas" in r for r in mine.values()):
         return max(len(r["samples"]) * r["replicas"] for r in mine.values())
     return sum(len(r["samples"]) for r in mine.values())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def listening(port: int) -> bool:

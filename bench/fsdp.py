@@ -34,11 +34,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bench.ddp import _free_port
 from trainer.accel import wrap_ddp
 from trainer.config import validate_config
 from trainer.distributed import DistContext
 from trainer.models.hf_video import build_hf_model
+from trainer.runtime.host.ports import free_port
 
 MODEL, CLASSES = "videomae_small", 400
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -106,7 +106,7 @@ def measure(ddp: dict[str, Any], shape: tuple[int, int, int], steps: int) -> dic
     with tempfile.TemporaryDirectory() as out:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))  # read by the spawned interpreters' glibc
-        mp.spawn(_worker, args=(2, _free_port(), ddp, shape, steps, out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, free_port(), ddp, shape, steps, out), nprocs=2, join=True)
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
     return {"step_s": sum(r["step_s"] for r in ranks) / 2, "peak_mib": max(r["peak"] for r in ranks) / 2**20}
 

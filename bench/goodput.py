@@ -45,12 +45,12 @@ from pathlib import Path
 
 import yaml
 
-from bench.elastic import free_port
 from bench.local import ENV, REPO, VENV_BIN, playbook, signal_node, training_cluster
 from bench.restarts import GOODPUT_PARTS, JOB, dataset_paths, job_dir, job_record, read, run_file
 from trainer.node_config import merge
 from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, JOB_DIR_ENV, STATUS_FILE
 from trainer.runtime.host import procs
+from trainer.runtime.host.ports import free_port
 from trainer.runtime.job import goodput
 from trainer.runtime.job.pace import Effort, read_beat, slowest
 from trainer.runtime.job.record import (

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench.ddp import _free_port
 from trainer.distributed import send_state
+from trainer.runtime.host.ports import free_port
 
 WAYS = ("pickled", "tensor by tensor")
 TENSOR_PARAMS = 590_000  # a VideoMAE-B linear layer's weight (768 x 768) or so
@@ -89,7 +89,7 @@ def run(params_m: float = 86.0) -> dict[str, dict[str, float]]:
     found: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as out:
         for way in WAYS:
-            mp.spawn(_worker, args=(_free_port(), way, int(params_m * 1e6), out), nprocs=2, join=True)
+            mp.spawn(_worker, args=(free_port(), way, int(params_m * 1e6), out), nprocs=2, join=True)
             donor, joiner = (json.loads(Path(out, f"{way}-{rank}.json").read_text()) for rank in (0, 1))
             found[way] = {"wait_s": joiner["wait_s"], "donor_b": donor["peak_b"], "joiner_b": joiner["peak_b"],
                           "state_b": donor["state_b"], "exact": joiner["exact"]}

@@ -58,7 +58,7 @@ def run_on_loopback(names: list[str], port: int, *extra: str, timeout: float = 6
 def run_on_a_free_port(names: list[str]) -> list[dict[str, Any]]:
     """run_on_loopback on a port that was free a moment ago; again on another when something else on this machine
     (the other test worker) took it meanwhile."""
-    from tests.trainer.test_distributed import free_port
+    from tests.ports import free_port
 
     for _ in range(3):
         results = run_on_loopback(names, free_port())
@@ -83,7 +83,7 @@ def test_three_processes_all_reduce_and_report_their_bandwidth() -> None:
 
 
 def test_a_rendezvous_nobody_listens_on_is_refused_within_the_timeout() -> None:
-    from tests.trainer.test_distributed import free_port
+    from tests.ports import free_port
 
     port = free_port()
     started = time.monotonic()
@@ -97,7 +97,7 @@ def test_a_rendezvous_nobody_listens_on_is_refused_within_the_timeout() -> None:
 
 
 def test_two_ranks_per_node_all_reduce_as_one_world() -> None:
-    from tests.trainer.test_distributed import free_port
+    from tests.ports import free_port
 
     names = ["a", "b"]
     results = run_on_loopback(names, free_port(), "--cpu-ranks", "2", "--env",

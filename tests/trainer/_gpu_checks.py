@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFunction
 
-from tests.trainer.test_train import free_port
+from tests.ports import free_port
 from trainer import engine
 from trainer.accel import amp_dtype, autocast, ddp_module, grad_scaler, prepare_model, wrap_ddp
 from trainer.config import Config, validate_config

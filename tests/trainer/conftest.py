@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import ALL_GPUS, GPUS_ENV
+from tests.ports import free_port
 from tests.trainer.prepared_videos import SYNTHETIC, make_synthetic_task, prepared_videos
-from tests.trainer.test_distributed import free_port
 from trainer.data.synthetic import dataset_settings
 from trainer.distributed import DistContext
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.trainer.test_train import REPO, free_port, run_trainer, write_config
+from tests.ports import free_port
+from tests.trainer.test_train import REPO, run_trainer, write_config
 from trainer import checkpoint, predict
 from trainer.config import validate_config
 from trainer.models import build_model

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from tests.ports import free_port
 from tests.trainer._dist_entry import precise_bn_batches
 from trainer.config import Config, validate_config
 from trainer.distributed import (
@@ -36,12 +36,6 @@ from trainer.distributed import (
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = REPO / "tests" / "trainer" / "_dist_entry.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ddp_cfg(out: Path, **ddp: Any) -> dict[str, Any]:

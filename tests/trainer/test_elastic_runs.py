@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 import torch
 
+from tests.ports import free_port
 from tests.trainer.test_resume import finish, start, wait_for
-from tests.trainer.test_train import REPO, free_port, run_trainer, write_config
+from tests.trainer.test_train import REPO, run_trainer, write_config
 from trainer.runtime.contract import ATTEMPT_ENV, CHANNEL_ENV, IN_PLACE_ENV, TRAINER_ENV
 from trainer.runtime.host import channel
 from trainer.runtime.host.channel import Join, Notice, ProcState, Who

@@ -12,7 +12,6 @@ import hashlib
 import http.server
 import json
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from tests.cluster.conftest import flat, playbook_env
+from tests.ports import free_port
 from tests.trainer.test_hf_models import TINY, hub_cache, save_checkpoint
 from trainer.config import ConfigError, load_config, validate_config
 from trainer.models import build_model
@@ -37,13 +37,6 @@ HUB = "vidcluster-test/tiny-vjepa2"
 # the sizes of the published facebook/vjepa2-vitl-fpc16-256-ssv2 (its config.json), for a check that reads no tensor
 VITL = {"model_type": "vjepa2", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
         "mlp_ratio": 4.0}
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on: an $HF_ENDPOINT that refuses every connection."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def fetch(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -122,7 +115,7 @@ def test_a_hub_id_the_controller_cannot_have_is_one_line_naming_it(tmp_path: Pat
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"error: vidcluster-test/not-cached: not in the Hugging Face cache "
                                     f"{tmp_path / 'hf' / 'hub'}, and HF_HUB_OFFLINE is set;"), result.stderr
-    port = closed_port()
+    port = free_port()
     result = fetch(tmp_path / "hf", "vidcluster-test/not-cached", HF_ENDPOINT=f"http://127.0.0.1:{port}")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"error: vidcluster-test/not-cached: not in the Hugging Face cache "

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 
+from tests.ports import free_port
 from tests.trainer.gpus import needs, visible_env
 from tests.trainer.test_resume import EVERY_STEP, assert_same_run, config, digests, finish, uninterrupted, wait_for
-from tests.trainer.test_train import REPO, free_port
+from tests.trainer.test_train import REPO
 from trainer import inplace
 from trainer.inplace import InPlace
 from trainer.runtime.contract import (

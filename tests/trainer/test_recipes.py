@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from tests.ports import free_port
 from tests.trainer.test_config import leaves, typed
-from tests.trainer.test_train import free_port
 from trainer.config import Config, ConfigError, config_to_dict, load_config, parse_yaml
 from trainer.config.messages import _schema_keys
 from trainer.config.section import _Section

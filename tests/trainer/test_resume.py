@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.trainer.test_train import REPO, free_port, run_trainer, write_config
+from tests.ports import free_port
+from tests.trainer.test_train import REPO, run_trainer, write_config
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointWriter, cpu_copy, list_checkpoints, save_checkpoint
 from trainer.config import validate_config

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 import yaml
 from torch import nn
 
+from tests.ports import free_port
 from tests.trainer._train_probe import observing, probed_train_worker
 from trainer.__main__ import main as trainer_cli
 from trainer.config import load_config
@@ -33,12 +33,6 @@ from trainer.train import build_train_model, train_worker
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_config(path: Path, data: dict[str, Any], run_dir: Path, workers: int = 1, **sections: Any) -> Path:

@@ -32,7 +32,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -59,6 +58,7 @@ from trainer.runtime.host import channel, procs
 from trainer.runtime.host.beats import Heartbeats
 from trainer.runtime.host.channel import PHASES, Join, Notice, ProcessReport, ProcState, Who
 from trainer.runtime.host.nodestate import read_json
+from trainer.runtime.host.ports import free_port
 from trainer.runtime.job.pace import Pace
 from trainer.runtime.job.record import JobRecord, Kind, NodeTimeline, Phase, Start
 from trainer.runtime.job.verdict import exit_failure
@@ -69,14 +69,6 @@ from trainer.runtime.watch.messages import IDLE, RankProgress, Trainer, TrainerS
 PROGRESS_LIMIT = 16 * 1024  # bytes of rank 0's status.json a report carries whole (the watch's lines are bounded)
 PROGRESS_KEYS = ("state", "epoch", "epochs", "step", "steps_per_epoch", "metrics", "clips_per_s", "eta_s")
 FLIGHT_DIR = "flight"  # in the job's folder, on nccl: the flight recorder's dumps, a folder per attempt
-
-
-def free_port(ip: str) -> int:
-    """A port nothing listens on at ``ip`` now: the next attempt's rendezvous, if this node becomes rank 0."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
 
 
 def attempt_told(attempt: int, record: JobRecord) -> dict[str, Any] | None:

@@ -62,7 +62,7 @@ from trainer.runtime import layout, report
 from trainer.runtime.contract import JOB_DIR_ENV
 from trainer.runtime.host import nodestate
 from trainer.runtime.host.network import interface_holding
-from trainer.runtime.host.node import free_port
+from trainer.runtime.host.ports import free_port
 from trainer.runtime.job import requeue
 from trainer.runtime.job.record import End, EndState, JobRecord
 from trainer.runtime.job.requeue import Requeue, TimeLimit
