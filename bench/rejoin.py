@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +71,16 @@ class Rejoin:
     steps_after_thaw: int
     trains_s: float
     pause_s: float
-    step_s: float
-    from_memory: bool = True  # no attempt read a checkpoint
-    accumulation_back: bool = True  # the log says the accumulation went back to the launch's
+    step_s: float | None  # the median of rank 0's step times (None: it never took two steps in a row)
+    from_memory: bool  # no attempt read a checkpoint
+    accumulation_back: bool  # the log says the accumulation went back to the launch's
 
 
-def measure(records: list[dict[str, Any]], thawed: float, decided: float, attempt: int, joiner: int
-            ) -> Rejoin:
+def measure(records: list[dict[str, Any]], thawed: float, decided: float, attempt: int, joiner: int, *,
+            from_memory: bool, accumulation_back: bool) -> Rejoin:
     """The figures from stamped sample records (``step``, ``attempt``, ``rank``, ``t``): ``attempt`` is the grown
-    world's, ``joiner`` the rank node2 trains as in it."""
+    world's, ``joiner`` the rank node2 trains as in it; ``from_memory`` and ``accumulation_back`` as the run's
+    metrics and log say."""
     rank0 = sorted((r for r in records if r["rank"] == 0), key=lambda r: r["t"])
     joined = [r for r in records if r["attempt"] == attempt and r["rank"] == joiner]
     if not joined:
@@ -95,7 +96,8 @@ def measure(records: list[dict[str, Any]], thawed: float, decided: float, attemp
     before = [r for r in rank0 if r["attempt"] < attempt]
     return Rejoin(answered_s=decided - thawed, steps_after_decision=first["step"] - last_step(decided),
                   steps_after_thaw=first["step"] - last_step(thawed), trains_s=first["t"] - decided,
-                  pause_s=grown[0]["t"] - before[-1]["t"], step_s=statistics.median(gaps) if gaps else 0.0)
+                  pause_s=grown[0]["t"] - before[-1]["t"], step_s=statistics.median(gaps) if gaps else None,
+                  from_memory=from_memory, accumulation_back=accumulation_back)
 
 
 def wait(until: Callable[[], bool], play: subprocess.Popen[bytes], what: str) -> None:
@@ -133,25 +135,28 @@ def round_(inventory: Path, index: int, keep: Path | None) -> Rejoin:
     record = job_record(0, job, CLUSTER)
     grow = next(c for c in record.world_changes if c.cause == Kind.JOINED)
     joiner = record.attempts[grow.attempt].assignment[f"node{JOINER_NODE}"]
-    found = measure(records, thawed, grow.at, grow.attempt, joiner)
     metrics = [json.loads(line) for line in run_file(0, job, METRICS_FILE, CLUSTER).read_text().splitlines()]
     attempts = [line for line in metrics if "attempt" in line]
     log = (REPO / "runs" / job / "log.txt").read_text()  # collected by the launch
     from_memory = bool(attempts) and all(a["resumed_from"] == "memory" for a in attempts) and "resumed from" not in log
-    return replace(found, from_memory=from_memory, accumulation_back="accumulation 2 -> 1" in log)
+    return measure(records, thawed, grow.at, grow.attempt, joiner, from_memory=from_memory,
+                   accumulation_back="accumulation 2 -> 1" in log)
 
 
 def _yes(held: bool) -> str:
     return "yes" if held else "NO"
 
 
+def row(index: int, r: Rejoin) -> str:
+    step = "?" if r.step_s is None else f"{r.step_s:.3f}"
+    return (f"| {index} | {r.answered_s:.2f} | {r.steps_after_decision} | {r.steps_after_thaw} | {r.trains_s:.2f} | "
+            f"{r.pause_s:.2f} | {step} | {_yes(r.from_memory)} | {_yes(r.accumulation_back)} |")
+
+
 def table(rounds: list[Rejoin]) -> str:
     lines = ["| round | answered -> decided, s | steps after the decision | steps after the thaw "
              "| decided -> trains, s | pause, s | step, s | from memory | accumulation back |", "|---" * 9 + "|"]
-    lines += [f"| {i + 1} | {r.answered_s:.2f} | {r.steps_after_decision} | {r.steps_after_thaw} | {r.trains_s:.2f} | "
-              f"{r.pause_s:.2f} | {r.step_s:.3f} | {_yes(r.from_memory)} | {_yes(r.accumulation_back)} |"
-              for i, r in enumerate(rounds)]
-    return "\n".join(lines)
+    return "\n".join(lines + [row(i + 1, r) for i, r in enumerate(rounds)])
 
 
 def met(rounds: list[Rejoin]) -> bool:

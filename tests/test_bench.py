@@ -87,15 +87,18 @@ def test_the_rejoin_bench_counts_the_worlds_steps_from_the_hubs_decision_to_the_
     # 2) takes step 10 at 12.0 s, then 11.
     steps = [(s, r, 10.0 + s / 10, 1) for s in range(1, 10) for r in (0, 1)]
     steps += [(s, r, 12.0 + (s - 10) / 10, 2) for s in (10, 11) for r in (0, 1, 2)]
-    found = rejoin.measure(_records(steps), thawed=10.25, decided=10.85, attempt=2, joiner=2)
+    found = rejoin.measure(_records(steps), thawed=10.25, decided=10.85, attempt=2, joiner=2, from_memory=True,
+                           accumulation_back=True)
     assert (found.steps_after_decision, found.steps_after_thaw) == (2, 8)
     assert (round(found.answered_s, 2), round(found.trains_s, 2), round(found.pause_s, 2)) == (0.6, 1.15, 1.1)
     assert round(found.step_s, 3) == 0.1
-    late = rejoin.measure(_records(steps), thawed=10.25, decided=10.45, attempt=2, joiner=2)
+    late = rejoin.measure(_records(steps), thawed=10.25, decided=10.45, attempt=2, joiner=2, from_memory=True,
+                           accumulation_back=True)
     assert late.steps_after_decision == 6 and not rejoin.met([found, late]) and rejoin.met([found])
     assert not rejoin.met([dataclasses.replace(found, from_memory=False)])
     assert not rejoin.met([dataclasses.replace(found, accumulation_back=False)])
     assert "| 1 | 0.60 | 2 | 8 | 1.15 | 1.10 | 0.100 | yes | yes |" in rejoin.table([found])
+    assert "| 1.10 | ? | yes |" in rejoin.table([dataclasses.replace(found, step_s=None)])
 
 
 def _arm(name: str, stall: float, again: int = 0, after: int = 4) -> elastic.Arm:
