@@ -48,11 +48,13 @@ class Timeline:
         self.rank: int | None = None
         self.state = ProcState.TRAINING
         self.phases: dict[str, float] = {"started": process_started()}
+        self.micro_batches: int | None = None
 
     def begin(self, attempt: int) -> None:
         """This process was handed ``attempt`` (a standby, or in place): its imports are done already."""
         now = time.time()
         self.attempt, self.state, self.phases = attempt, ProcState.TRAINING, {"started": now, "imported": now}
+        self.micro_batches = None
         self.write()
 
     def mark(self, phase: str) -> None:
@@ -61,6 +63,12 @@ class Timeline:
         if phase not in self.phases:
             self.phases[phase] = time.time()
             self.write()
+
+    def accumulating(self, micro_batches: int) -> None:
+        """This attempt's optimizer steps are made of ``micro_batches`` micro-batches here (the world's, kept for the
+        global batch: trainer.elastic.Recipe)."""
+        self.micro_batches = micro_batches
+        self.write()
 
     def set(self, state: ProcState, rank: int | None = None) -> None:
         self.state = state
@@ -73,7 +81,7 @@ class Timeline:
         if self.path is None or (self.rank is None and self.state != ProcState.STANDBY):
             return
         report = ProcessReport(pid=os.getpid(), attempt=self.attempt, rank=self.rank, state=self.state,
-                               phases=dict(self.phases))
+                               phases=dict(self.phases), micro_batches=self.micro_batches)
         with contextlib.suppress(OSError):  # a full disk must not end training; the supervisor just sees less
             channel.write(self.path, report)
         channel.wake(self.path.parent)

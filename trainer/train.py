@@ -268,6 +268,7 @@ def prepare_run(ctx: DistContext, cfg: Config, stop: StopRequest, kept: Kept | N
             resume = load_resume_state(ctx, train.RESUME, ckpt_dir, out / METRICS_FILE, writer is not None)
     recipe = run_recipe(cfg, ctx, memory, resume)
     accumulation = recipe.accumulation(ctx.world_size)
+    PROCESS.accumulating(accumulation.micro_batches)
     train_loader, val_loader, precise_bn_loader = attempt_loaders(cfg, ctx, kept, recipe)
     epoch_steps = [-(-batches // accumulation.micro_batches)
                    for batches in epoch_batches(train_loader, train.EPOCH_NUM)]

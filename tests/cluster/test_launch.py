@@ -53,6 +53,7 @@ from tests.cluster.conftest import (
     playbook_env,
     stage_dataset,
 )
+from trainer.runtime import report
 from trainer.runtime.job.record import JobRecord, Kind, Start
 
 CONFIG = "i3d_cpu_test"  # reads ~/data/vidcluster-test on every node
@@ -576,7 +577,8 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
     finally:
         cluster.create(len(cluster.nodes), *CLUSTER_ARGS)  # node2's sshd back, for the scenarios after this one
     assert play.returncode == 0 and f"Job {job} finished" in flat(out), out[-4000:]
-    assert "node2 left the world (lost, no spare): 3 nodes -> 2" in flat(out), out[-4000:]
+    # the accumulation as the trainers said it: 3 micro-batches of a step over 2 ranks take 2 each
+    assert "node2 left the world (lost, no spare): 3 nodes -> 2, accumulation 1 -> 2" in flat(out), out[-4000:]
     rec = JobRecord.read(node_state(cluster.nodes[0], job)["record"])
     assert rec.assignment == {"node0": 0, "node1": 1} and rec.restarts == 1, rec
     [change] = rec.world_changes
@@ -670,6 +672,7 @@ def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cl
     left, joined = rec.world_changes
     assert (left.left, left.before, left.after, left.cause) == (("node2",), 3, 2, Kind.LOST), left
     assert (joined.joined, joined.before, joined.after, joined.cause) == (("node2",), 2, 3, Kind.JOINED), joined
+    assert [report.accumulation(rec, attempt) for attempt in (0, 1, 2)] == [1, 2, 1], rec.attempts
     metrics = [json.loads(line) for line in (REPO / "runs" / job / "metrics.jsonl").read_text().splitlines()]
     attempts = [line for line in metrics if "attempt" in line]
     assert [(a["cause"], a["resumed_from"], a["steps_lost"]) for a in attempts] == [

@@ -69,21 +69,27 @@ def begun(node: Node, proc: subprocess.Popen[bytes]) -> None:
     node._begin(0, 0, Start.PROCESS, proc.pid)
 
 
-def report(node: Node, pid: int, state: ProcState = ProcState.TRAINING, rank: int = 0, **phases: float) -> None:
+def report(node: Node, pid: int, state: ProcState = ProcState.TRAINING, rank: int = 0, micro_batches: int | None = None,
+           **phases: float) -> None:
     channel.write(Path(node.channel) / f"{pid}.json", ProcessReport(pid=pid, attempt=0, rank=rank, state=state,
-                                                                  phases=phases))
+                                                                  phases=phases, micro_batches=micro_batches))
 
 
-def test_the_timeline_keeps_the_phases_every_process_reached_after_a_process_ends(node: Node) -> None:
+def test_the_timeline_keeps_the_phases_and_accumulation_the_processes_said_after_a_process_ends(node: Node) -> None:
     launcher = trainer_process(node.plan)
     worker = trainer_process(node.plan)  # the process that trains, and writes its report (a spawned worker)
     seen(node, launcher, worker)
     begun(node, launcher)
     now = time.time()
-    report(node, worker.pid, started=now, imported=now + 1, group=now + 2, checkpoint=now + 3, first_step=now + 4)
+    report(node, worker.pid, started=now, imported=now + 1, group=now + 2, checkpoint=now + 3)
+    node.poll()
+    assert node.timeline().micro_batches is None  # type: ignore[union-attr]
+    report(node, worker.pid, micro_batches=2, started=now, imported=now + 1, group=now + 2, checkpoint=now + 3,
+           first_step=now + 4)
     node.poll()
     reached = node.timeline()
     assert reached is not None and reached.first_step == now + 4 and reached.start == Start.PROCESS
+    assert reached.micro_batches == 2
     worker.kill()
     worker.wait()
     node.poll()  # the worker is gone, with its report; the launcher still runs

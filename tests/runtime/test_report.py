@@ -110,12 +110,20 @@ def test_a_world_that_shrank_is_said_in_the_follow_the_status_and_the_end() -> N
     cause = Cause("n1", Kind.LOST, "it stopped answering the hub", 1.7e9 + 60, detected_at=1.7e9 + 64, detect_s=4.0,
                   failed_step=120)
     smaller = {"n0": 0, "n2": 1}
-    again = dataclasses.replace(launch.attempts[0], attempt=1, started_at=1.7e9 + 66, cause=cause, assignment=smaller)
+    trained = NodeTimeline(Start.PROCESS, "", 1.7e9, 1.7e9 + 4.0, 1.7e9 + 5.0, 1.7e9 + 5.2, 1.7e9 + 5.5,
+                           micro_batches=1)
+    first = dataclasses.replace(launch.attempts[0], nodes={"n0": trained, "n1": trained, "n2": trained})
+    again = dataclasses.replace(first, attempt=1, started_at=1.7e9 + 66, cause=cause, assignment=smaller,
+                                nodes={"n0": dataclasses.replace(trained, micro_batches=None)})  # n2 has not said
     change = WorldChange(attempt=1, at=1.7e9 + 66, left=("n1",), before=3, after=2, cause=Kind.LOST)
-    record = launch.changed(attempt=1, restarts=1, assignment=smaller, attempts=(*launch.attempts, again),
+    record = launch.changed(attempt=1, restarts=1, assignment=smaller, attempts=(first, again),
                             world_changes=(change,))
     assert JobRecord.read(record.to_json()) == record
-    said = "n1 left the world (lost, no spare): 3 nodes -> 2"
+    assert report.attempt_lines(record.to_json())[0].endswith("3 nodes -> 2, accumulation 1 -> ?; ranks n0=0, n2=1")
+    again = dataclasses.replace(again, nodes={"n0": dataclasses.replace(trained, micro_batches=2)})
+    record = record.changed(attempts=(first, again))
+    assert JobRecord.read(record.to_json()) == record
+    said = "n1 left the world (lost, no spare): 3 nodes -> 2, accumulation 1 -> 2"
     assert report.attempt_lines(record.to_json()) == [
         f"attempt 1: n1 lost (it stopped answering the hub); detected after 4.0 s at step 120; {said}; "
         "ranks n0=0, n2=1"]
@@ -138,8 +146,11 @@ def test_a_world_that_grew_back_is_said_as_one_that_shrank() -> None:
     smaller, full = {"n0": 0, "n2": 1}, {"n0": 0, "n2": 1, "n1": 2}
     first = launch.attempts[0]
     shrink = dataclasses.replace(first, attempt=1, started_at=1.7e9 + 66, cause=lost, assignment=smaller)
-    back = NodeTimeline(Start.PROCESS, "", 1.7e9 + 90.1, 1.7e9 + 94.0, 1.7e9 + 95.0, 1.7e9 + 95.2, 1.7e9 + 95.5)
-    stayed = NodeTimeline(Start.IN_PLACE, "", 1.7e9 + 90.2, 1.7e9 + 90.2, 1.7e9 + 95.0, 1.7e9 + 95.2, 1.7e9 + 95.4)
+    back = NodeTimeline(Start.PROCESS, "", 1.7e9 + 90.1, 1.7e9 + 94.0, 1.7e9 + 95.0, 1.7e9 + 95.2, 1.7e9 + 95.5,
+                        micro_batches=1)
+    stayed = NodeTimeline(Start.IN_PLACE, "", 1.7e9 + 90.2, 1.7e9 + 90.2, 1.7e9 + 95.0, 1.7e9 + 95.2, 1.7e9 + 95.4,
+                          micro_batches=1)
+    shrink = dataclasses.replace(shrink, nodes={"n0": dataclasses.replace(stayed, micro_batches=2)})
     grown = dataclasses.replace(first, attempt=2, started_at=1.7e9 + 90, cause=joined, assignment=full,
                                 nodes={"n1": back, "n0": stayed, "n2": stayed})
     changes = (WorldChange(attempt=1, at=1.7e9 + 66, left=("n1",), before=3, after=2, cause=Kind.LOST),
@@ -148,7 +159,8 @@ def test_a_world_that_grew_back_is_said_as_one_that_shrank() -> None:
                             world_changes=changes)
     assert JobRecord.read(record.to_json()) == record
     assert report.attempt_lines(record.to_json())[1] == (
-        "attempt 2: the world grew at step 150; n1 joined the world: 2 nodes -> 3; ranks n0=0, n2=1, n1=2")
+        "attempt 2: the world grew at step 150; n1 joined the world: 2 nodes -> 3, accumulation 2 -> 1; ranks n0=0, "
+        "n2=1, n1=2")
     world = "world: 3 of the launch's 3 nodes (n1 left at attempt 1; n1 joined at attempt 2)"
     assert world in report.summary_lines(status(record, RUNNING))
     assert report.progress_line(status(record, None)).startswith(

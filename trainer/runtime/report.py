@@ -193,18 +193,29 @@ def attempt_lines(record: Mapping[str, Any] | JobRecord | None) -> list[str]:
         lines.append(
             f"attempt {entry.attempt}: {said}"
             + (f" at step {lost}" if lost is not None else "")
-            + (f"; {change_words(change)}" if change is not None else "")
+            + (f"; {change_words(change, record)}" if change is not None else "")
             + "; ranks " + ", ".join(f"{node}={rank}" for node, rank in entry.assignment.items()))
     return lines
 
 
-def change_words(change: WorldChange) -> str:
-    """'n1 left the world (lost, no spare): 3 nodes -> 2', 'n1 joined the world: 2 nodes -> 3'."""
+def change_words(change: WorldChange, record: JobRecord) -> str:
+    """'n1 left the world (lost, no spare): 3 nodes -> 2, accumulation 1 -> 2', 'n1 joined the world: 2 nodes -> 3,
+    accumulation 2 -> 1' (the accumulation as the trainers said it, '?' for an attempt whose nodes have not)."""
     sizes = f"{change.before} nodes -> {change.after}"
+    before, after = accumulation(record, change.attempt - 1), accumulation(record, change.attempt)
+    if before is not None or after is not None:
+        sizes += f", accumulation {'?' if before is None else before} -> {'?' if after is None else after}"
     if change.cause == Kind.JOINED:
         return f"{', '.join(change.joined)} joined the world: {sizes}"
     why = "lost, no spare" if change.cause == Kind.LOST else "a straggler, dropped"
     return f"{', '.join(change.left)} left the world ({why}): {sizes}"
+
+
+def accumulation(record: JobRecord, attempt: int) -> int | None:
+    """The micro-batches of each optimizer step in ``attempt``, as its nodes' trainers said (None: none has yet)."""
+    said = [t.micro_batches for entry in record.attempts if entry.attempt == attempt for t in entry.nodes.values()
+            if t.micro_batches is not None]
+    return max(said, default=None)
 
 
 def world_words(record: JobRecord) -> str:

@@ -63,6 +63,7 @@ class ProcessReport:
     rank: int | None  # its global rank in the attempt (None until it has one)
     state: ProcState
     phases: dict[str, float]  # phase (PHASES) -> wall-clock time it was reached in this attempt
+    micro_batches: int | None = None  # of each optimizer step in this attempt's world (trainer.elastic; None: not yet)
 
 
 class Who(StrEnum):

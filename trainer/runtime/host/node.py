@@ -115,6 +115,7 @@ class Node:
         self.job_over = False  # the record says the job has ended
         self.reports: list[ProcessReport] = []  # the trainer's processes about themselves, as of the last poll
         self.reached: dict[str, float] = {}  # phase -> when every process of the current attempt had reached it
+        self.micro_batches: int | None = None  # of the current attempt's optimizer steps, as its processes said
         self.heartbeats = Heartbeats(self.job_dir, self.timings)  # what its training processes' heartbeats say
         self.wake_fd = channel.wake_reader(channel.make_folder(self.channel))  # a trainer's report wakes the tick
 
@@ -183,7 +184,7 @@ class Node:
         self.started_attempts.add(attempt)
         self.trouble, self.stop_deadline, self.leave_deadline = None, None, None
         self.start_how, self.start_fallback, self.fallback, self.killed = how, self.fallback, "", ""
-        self.reached = {}
+        self.reached, self.micro_batches = {}, None
         self.trainer = Trainer(attempt=attempt, state=TrainerState.RUNNING, rank=rank, pid=pid, rc=None,
                                started=time.time(), ended=None)
 
@@ -334,8 +335,8 @@ class Node:
         self.graceful = False
 
     def _note_phases(self) -> None:
-        """The phases every process of the attempt has reached (kept once reached: a process that ends takes its
-        report with it)."""
+        """The phases every process of the attempt has reached, and the accumulation they said (kept once reached: a
+        process that ends takes its report with it)."""
         mine = self._mine()
         if len(mine) < self.plan.workers:
             return
@@ -343,6 +344,9 @@ class Node:
             times = [r.phases.get(phase) for r in mine]
             if phase not in self.reached and None not in times:
                 self.reached[phase] = max(t for t in times if t is not None)
+        said = [r.micro_batches for r in mine if r.micro_batches is not None]
+        if said:
+            self.micro_batches = max(said)  # every rank of a world has as many (empty ones fill a short share)
 
     def _mine(self) -> list[ProcessReport]:
         """The reports of this attempt's training processes (those with a rank in it)."""
@@ -406,7 +410,8 @@ class Node:
         reached = self.reached.get
         return NodeTimeline(start=self.start_how, fallback=self.start_fallback, started=self.trainer.started,
                             imported=reached("imported"), group=reached("group"), checkpoint=reached("checkpoint"),
-                            first_step=reached("first_step"), killed=self.killed, flight=self._flight_dumps())
+                            first_step=reached("first_step"), killed=self.killed, flight=self._flight_dumps(),
+                            micro_batches=self.micro_batches)
 
     def _flight_dumps(self) -> tuple[str, ...]:
         """The flight recorder's dumps of the current attempt here (nccl), kept with its record."""
