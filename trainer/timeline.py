@@ -49,12 +49,14 @@ class Timeline:
         self.state = ProcState.TRAINING
         self.phases: dict[str, float] = {"started": process_started()}
         self.micro_batches: int | None = None
+        self.last_step: float | None = None  # wall clock: its last optimizer step, in whichever attempt
+        self.step_before: float | None = None  # its last optimizer step in the attempt before this one
 
     def begin(self, attempt: int) -> None:
         """This process was handed ``attempt`` (a standby, or in place): its imports are done already."""
         now = time.time()
         self.attempt, self.state, self.phases = attempt, ProcState.TRAINING, {"started": now, "imported": now}
-        self.micro_batches = None
+        self.micro_batches, self.step_before = None, self.last_step
         self.write()
 
     def mark(self, phase: str) -> None:
@@ -70,6 +72,10 @@ class Timeline:
         self.micro_batches = micro_batches
         self.write()
 
+    def stepped(self) -> None:
+        """An optimizer step is done (should the attempt end now, it is the last one before the next)."""
+        self.last_step = time.time()
+
     def set(self, state: ProcState, rank: int | None = None) -> None:
         self.state = state
         if rank is not None:
@@ -81,7 +87,8 @@ class Timeline:
         if self.path is None or (self.rank is None and self.state != ProcState.STANDBY):
             return
         report = ProcessReport(pid=os.getpid(), attempt=self.attempt, rank=self.rank, state=self.state,
-                               phases=dict(self.phases), micro_batches=self.micro_batches)
+                               phases=dict(self.phases), micro_batches=self.micro_batches,
+                               step_before=self.step_before)
         with contextlib.suppress(OSError):  # a full disk must not end training; the supervisor just sees less
             channel.write(self.path, report)
         channel.wake(self.path.parent)

@@ -443,6 +443,7 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
     with state.clock.waiting():
         verdict = run.control.agree(step_clips)
     heartbeat.stepped()
+    PROCESS.stepped()
     run.reporter.step_done(state.step, verdict.clips, schedule_lr(state.optimizer))
     if not run.stepped:
         run.stepped = True

@@ -583,6 +583,11 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
     assert rec.assignment == {"node0": 0, "node1": 1} and rec.restarts == 1, rec
     [change] = rec.world_changes
     assert (change.left, change.before, change.after, change.cause) == (("node2",), 3, 2, Kind.LOST), change
+    for survivor in ("node0", "node1"):  # each one's pause on record: its last step before, its first one after
+        timeline = rec.attempts[1].nodes[survivor]
+        assert timeline.step_before is not None and timeline.first_step is not None, timeline
+        assert timeline.step_before < change.at < timeline.first_step, (change, timeline)
+    assert "paused " in flat(out) and " s since its last step before" in flat(out), out[-4000:]
     # The survivors went on from memory: nothing trained twice, no checkpoint read, soon after the hub named the loss
     # (restart_s: the loss named to the first step after it), neither waiting out node_wait (300 s) nor a
     # collective's timeout (gloo: trainer.distributed.abort_groups). Issue 37 asks for a step and 2 s: 0.5 s here

@@ -70,9 +70,10 @@ def begun(node: Node, proc: subprocess.Popen[bytes]) -> None:
 
 
 def report(node: Node, pid: int, state: ProcState = ProcState.TRAINING, rank: int = 0, micro_batches: int | None = None,
-           **phases: float) -> None:
+           step_before: float | None = None, **phases: float) -> None:
     channel.write(Path(node.channel) / f"{pid}.json", ProcessReport(pid=pid, attempt=0, rank=rank, state=state,
-                                                                  phases=phases, micro_batches=micro_batches))
+                                                                  phases=phases, micro_batches=micro_batches,
+                                                                  step_before=step_before))
 
 
 def test_the_timeline_keeps_the_phases_and_accumulation_the_processes_said_after_a_process_ends(node: Node) -> None:
@@ -84,12 +85,12 @@ def test_the_timeline_keeps_the_phases_and_accumulation_the_processes_said_after
     report(node, worker.pid, started=now, imported=now + 1, group=now + 2, checkpoint=now + 3)
     node.poll()
     assert node.timeline().micro_batches is None  # type: ignore[union-attr]
-    report(node, worker.pid, micro_batches=2, started=now, imported=now + 1, group=now + 2, checkpoint=now + 3,
-           first_step=now + 4)
+    report(node, worker.pid, micro_batches=2, step_before=now - 3, started=now, imported=now + 1, group=now + 2,
+           checkpoint=now + 3, first_step=now + 4)
     node.poll()
     reached = node.timeline()
     assert reached is not None and reached.first_step == now + 4 and reached.start == Start.PROCESS
-    assert reached.micro_batches == 2
+    assert (reached.micro_batches, reached.step_before) == (2, now - 3)
     worker.kill()
     worker.wait()
     node.poll()  # the worker is gone, with its report; the launcher still runs

@@ -85,7 +85,8 @@ def test_every_attempts_timeline_is_said_phase_after_phase() -> None:
     first = dataclasses.replace(first, nodes={"n0": launch, "n1": stuck})
     assert again.cause is not None
     cause = dataclasses.replace(again.cause, at=wall + 60, detected_at=wall + 61)
-    survivor = NodeTimeline(Start.IN_PLACE, "", wall + 62.0, wall + 62.0, wall + 62.9, wall + 63.2, wall + 63.5)
+    survivor = NodeTimeline(Start.IN_PLACE, "", wall + 62.0, wall + 62.0, wall + 62.9, wall + 63.2, wall + 63.5,
+                            step_before=wall + 59.8)  # its last step before the failure
     standby = NodeTimeline(Start.STANDBY, "its trainer was killed by signal 9 (SIGKILL) (attempt 0)", wall + 62.1,
                            wall + 62.1, wall + 62.9, wall + 63.2, wall + 63.6)
     again = dataclasses.replace(again, cause=cause, stopped_at=wall + 61.5, started_at=wall + 61.9,
@@ -96,7 +97,8 @@ def test_every_attempts_timeline_is_said_phase_after_phase() -> None:
         "+0.8; n1 process: started +0.1, imported +4.0, group +0.9, checkpoint +0.2, first step ?, its trainer did "
         "not stop within the 15 s stop grace: killed, flight recorder: /j/flight/0/rank_1",
         "attempt 1 (s): failure, named +1.0, over on every node +0.5, decided +0.4; n0 in place: started +0.1, "
-        "imported +0.0, group +0.9, checkpoint +0.3, first step +0.3; n1 standby (its trainer was killed by signal 9 "
+        "imported +0.0, group +0.9, checkpoint +0.3, first step +0.3, paused 3.7 s since its last step before; n1 "
+        "standby (its trainer was killed by signal 9 "
         "(SIGKILL) (attempt 0)): started +0.2, imported +0.0, group +0.8, checkpoint +0.3, first step +0.4; training "
         "again 3.6 s after the failure"]
     ended = dataclasses.replace(record, attempts=(first, again), phase=Phase.ENDED,

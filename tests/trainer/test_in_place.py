@@ -143,6 +143,10 @@ def test_a_survivor_goes_on_in_place_and_the_killed_node_in_its_standby(
         times = [report.phases[phase] for phase in channel.PHASES]
         assert handed - 1 <= times[0] and times == sorted(times), report
     assert spare.phases["imported"] == spare.phases["started"]  # its imports were done before it was handed over
+    # Each says its accumulation (the world of 2 is the launch's: 1); the survivor, which went on in place, its last
+    # step in attempt 0: its pause is on record (the standby took no step before)
+    assert (survivor.micro_batches, spare.micro_batches, spare.step_before) == (1, 1, None), (survivor, spare)
+    assert survivor.step_before is not None and survivor.step_before < handed, survivor
     records = [r for r in map(json.loads, (nodes[0].run / "metrics.jsonl").read_text().splitlines()) if "attempt" in r]
     assert [r["attempt"] for r in records] == [1] and records[0]["cause"] == "killed", records
     assert records[0]["resumed_from"] == "memory", records

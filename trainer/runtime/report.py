@@ -236,13 +236,17 @@ def _since(later: float | None, earlier: float | None) -> str:
 
 def node_phases(node: str, timeline: NodeTimeline, decided: float) -> str:
     """'node1 standby (why not in place): started +0.1, imported +0.0, group +1.2, checkpoint +0.3, first step +0.5':
-    each phase after the one before, the start after the hub's decision; then, if so, why its trainer had to be
-    killed after the stop grace, and its flight recorder's dumps."""
+    each phase after the one before, the start after the hub's decision; then, if so, the pause of a trainer that went
+    on in place (its last step before to its first step), why its trainer had to be killed after the stop grace, and
+    its flight recorder's dumps."""
     how = timeline.start.value + (f" ({timeline.fallback})" if timeline.fallback else "")
     times = [decided, timeline.started, timeline.imported, timeline.group, timeline.checkpoint, timeline.first_step]
     steps = [f"{name.replace('_', ' ')} {_since(later, earlier)}"
              for name, earlier, later in zip(PHASES, times, times[1:], strict=False)]
-    ended = [timeline.killed] if timeline.killed else []  # the stop grace ran out
+    ended = []
+    if timeline.step_before is not None and timeline.first_step is not None:  # it went on in place
+        ended.append(f"paused {timeline.first_step - timeline.step_before:.1f} s since its last step before")
+    ended += [timeline.killed] if timeline.killed else []  # the stop grace ran out
     ended += [f"flight recorder: {', '.join(timeline.flight)}"] if timeline.flight else []
     return f"{node} {how}: {', '.join(steps + ended)}"
 

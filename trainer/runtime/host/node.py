@@ -116,6 +116,7 @@ class Node:
         self.reports: list[ProcessReport] = []  # the trainer's processes about themselves, as of the last poll
         self.reached: dict[str, float] = {}  # phase -> when every process of the current attempt had reached it
         self.micro_batches: int | None = None  # of the current attempt's optimizer steps, as its processes said
+        self.step_before: float | None = None  # their last step in the attempt before (they went on in place)
         self.heartbeats = Heartbeats(self.job_dir, self.timings)  # what its training processes' heartbeats say
         self.wake_fd = channel.wake_reader(channel.make_folder(self.channel))  # a trainer's report wakes the tick
 
@@ -184,7 +185,7 @@ class Node:
         self.started_attempts.add(attempt)
         self.trouble, self.stop_deadline, self.leave_deadline = None, None, None
         self.start_how, self.start_fallback, self.fallback, self.killed = how, self.fallback, "", ""
-        self.reached, self.micro_batches = {}, None
+        self.reached, self.micro_batches, self.step_before = {}, None, None
         self.trainer = Trainer(attempt=attempt, state=TrainerState.RUNNING, rank=rank, pid=pid, rc=None,
                                started=time.time(), ended=None)
 
@@ -335,8 +336,8 @@ class Node:
         self.graceful = False
 
     def _note_phases(self) -> None:
-        """The phases every process of the attempt has reached, and the accumulation they said (kept once reached: a
-        process that ends takes its report with it)."""
+        """The phases every process of the attempt has reached, the accumulation they said and their last step in the
+        attempt before (kept once said: a process that ends takes its report with it)."""
         mine = self._mine()
         if len(mine) < self.plan.workers:
             return
@@ -347,6 +348,9 @@ class Node:
         said = [r.micro_batches for r in mine if r.micro_batches is not None]
         if said:
             self.micro_batches = max(said)  # every rank of a world has as many (empty ones fill a short share)
+        before = [r.step_before for r in mine if r.step_before is not None]
+        if before:
+            self.step_before = min(before)  # the node's pause is its longest
 
     def _mine(self) -> list[ProcessReport]:
         """The reports of this attempt's training processes (those with a rank in it)."""
@@ -411,7 +415,7 @@ class Node:
         return NodeTimeline(start=self.start_how, fallback=self.start_fallback, started=self.trainer.started,
                             imported=reached("imported"), group=reached("group"), checkpoint=reached("checkpoint"),
                             first_step=reached("first_step"), killed=self.killed, flight=self._flight_dumps(),
-                            micro_batches=self.micro_batches)
+                            micro_batches=self.micro_batches, step_before=self.step_before)
 
     def _flight_dumps(self) -> tuple[str, ...]:
         """The flight recorder's dumps of the current attempt here (nccl), kept with its record."""

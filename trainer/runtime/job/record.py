@@ -105,7 +105,9 @@ class Start(StrEnum):
 class NodeTimeline:
     """One node's trainer in one attempt: how it started, why not in place when it ran the attempt before, the
     wall-clock time each phase was reached by every training process of the node (trainer.runtime.host.channel.PHASES;
-    None: not yet), and how many micro-batches make its optimizer step (the global batch kept in a smaller world)."""
+    None: not yet), how many micro-batches make its optimizer step (the global batch kept in a smaller world), and,
+    when its processes went on in place, their last step before: the attempt's pause on the node is first_step less
+    that."""
 
     start: Start
     fallback: str  # why the node's trainer of the attempt before did not go on in place ("" when it did, or none ran)
@@ -117,6 +119,7 @@ class NodeTimeline:
     killed: str = ""  # why its trainer had to be killed after the stop grace ("" when it stopped or parked in time)
     flight: tuple[str, ...] = ()  # the flight recorder's dumps of the attempt on the node (nccl)
     micro_batches: int | None = None  # of each optimizer step, as its processes said (None: not yet)
+    step_before: float | None = None  # its processes' last optimizer step in the attempt before (in place; else None)
 
 
 @dataclass(frozen=True)
