@@ -50,7 +50,7 @@ class Timeline:
         self.phases: dict[str, float] = {"started": process_started()}
         self.micro_batches: int | None = None
         self.last_step: float | None = None  # wall clock: its last optimizer step, in whichever attempt
-        self.step_before: float | None = None  # its last optimizer step in the attempt before this one
+        self.step_before: float | None = None  # its last optimizer step before this attempt (in an earlier one)
 
     def begin(self, attempt: int) -> None:
         """This process was handed ``attempt`` (a standby, or in place): its imports are done already."""

@@ -64,7 +64,7 @@ class ProcessReport:
     state: ProcState
     phases: dict[str, float]  # phase (PHASES) -> wall-clock time it was reached in this attempt
     micro_batches: int | None = None  # of each optimizer step in this attempt's world (trainer.elastic; None: not yet)
-    step_before: float | None = None  # wall clock: its last optimizer step in the attempt before (None: it took none)
+    step_before: float | None = None  # wall clock: its last optimizer step before this attempt (None: it took none)
 
 
 class Who(StrEnum):

@@ -116,7 +116,7 @@ class Node:
         self.reports: list[ProcessReport] = []  # the trainer's processes about themselves, as of the last poll
         self.reached: dict[str, float] = {}  # phase -> when every process of the current attempt had reached it
         self.micro_batches: int | None = None  # of the current attempt's optimizer steps, as its processes said
-        self.step_before: float | None = None  # their last step in the attempt before (they went on in place)
+        self.step_before: float | None = None  # their last step before this attempt (they went on in place)
         self.heartbeats = Heartbeats(self.job_dir, self.timings)  # what its training processes' heartbeats say
         self.wake_fd = channel.wake_reader(channel.make_folder(self.channel))  # a trainer's report wakes the tick
 
@@ -336,8 +336,8 @@ class Node:
         self.graceful = False
 
     def _note_phases(self) -> None:
-        """The phases every process of the attempt has reached, the accumulation they said and their last step in the
-        attempt before (kept once said: a process that ends takes its report with it)."""
+        """The phases every process of the attempt has reached, the accumulation they said and their last step before
+        it (kept once said: a process that ends takes its report with it)."""
         mine = self._mine()
         if len(mine) < self.plan.workers:
             return

@@ -119,7 +119,7 @@ class NodeTimeline:
     killed: str = ""  # why its trainer had to be killed after the stop grace ("" when it stopped or parked in time)
     flight: tuple[str, ...] = ()  # the flight recorder's dumps of the attempt on the node (nccl)
     micro_batches: int | None = None  # of each optimizer step, as its processes said (None: not yet)
-    step_before: float | None = None  # its processes' last optimizer step in the attempt before (in place; else None)
+    step_before: float | None = None  # its processes' last optimizer step before this attempt (in place; else None)
 
 
 @dataclass(frozen=True)
