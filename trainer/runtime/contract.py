@@ -87,7 +87,9 @@ def run_files(log_filename: str) -> list[str]:
 
 def run_name(when: float | None = None) -> str:
     """The run directory's name for EXP_NAME use_time, started at ``when`` (now)."""
-    return time.strftime(RUN_NAME_TIME, time.localtime(when))
+    # Now is time.time(), not localtime()'s own now: that is C's time(), a coarse clock up to a tick behind the one
+    # every other time of the run is read from, so a name could fall in the second before the run began.
+    return time.strftime(RUN_NAME_TIME, time.localtime(time.time() if when is None else when))
 
 
 def flight_dump(folder: str, attempt: int | str) -> str:
