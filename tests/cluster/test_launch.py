@@ -588,6 +588,8 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
         assert timeline.step_before is not None and timeline.first_step is not None, timeline
         assert timeline.step_before < change.at < timeline.first_step, (change, timeline)
     assert report.timeline_lines(rec)[1].count(" s since its last step before") == 2, report.timeline_lines(rec)
+    # what the change cost, in goodput: its restart (the hub's decision to the first batch after it), of the restarts
+    assert rec.goodput is not None and 0 < rec.goodput.world_change_s <= rec.goodput.restart_s, rec.goodput
     # The survivors went on from memory: nothing trained twice, no checkpoint read, soon after the hub named the loss
     # (restart_s: the loss named to the first step after it), neither waiting out node_wait (300 s) nor a
     # collective's timeout (gloo: trainer.distributed.abort_groups). Issue 37 asks for a step and 2 s: 0.5 s here

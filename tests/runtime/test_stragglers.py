@@ -17,10 +17,10 @@ from tests.runtime.test_hub import Job, plan, report
 from trainer.runtime.job import goodput, pace, straggler
 from trainer.runtime.job.pace import Beat, Effort, Pace, PaceBook
 from trainer.runtime.job.policy import decide
-from trainer.runtime.job.record import Attempt, Cause, Failure, Kind, Spent
+from trainer.runtime.job.record import Attempt, Cause, Failure, Kind, Spent, WorldChange
 from trainer.runtime.job.straggler import Rules, Treatment
 from trainer.runtime.job.verdict import first_failure
-from trainer.runtime.report import straggler_words
+from trainer.runtime.report import goodput_lines, straggler_words
 from trainer.runtime.watch.messages import TrainerState
 
 STEP_S = 0.05  # every node's time per step, unless slowed
@@ -266,6 +266,12 @@ def test_goodput_adds_up_to_the_wall_time_across_failures() -> None:
     # Young: sqrt(2 x 2 s per checkpoint x 500 s between failures) = 44.7 s; 60 s configured is close enough
     assert g.young_daly_s == pytest.approx(44.7, abs=0.1) and g.suggestion == ""
     assert "is far from" in goodput.suggestion(600.0, 44.7) and "CHECKPOINT_MINUTES 0)" in goodput.suggestion(0, 60)
+    assert g.world_change_s == 0  # every attempt on the launch's world
+    # The node lost at 645 left the world (no spare): that restart, 40 s, is also the world change's, within restarts.
+    left = WorldChange(attempt=2, at=t0 + 660, left=("n1",), before=3, after=2, cause=Kind.LOST)
+    shrunk = goodput.account(dataclasses.replace(done, world_changes=(left,)), third, t0 + 1000)
+    assert shrunk == dataclasses.replace(g, world_change_s=40)
+    assert "restarts 52s (world changes 40s)," in goodput_lines(shrunk)[0] and "world" not in goodput_lines(g)[0]
 
 
 def test_each_part_of_goodput_comes_from_its_own_counters_and_a_straggler_swap_is_no_failure() -> None:

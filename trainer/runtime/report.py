@@ -312,10 +312,13 @@ def goodput_lines(goodput: Goodput | None) -> list[str]:
     if goodput is None or goodput.wall_s <= 0:
         return []
     share = 100.0 * goodput.trained_s / goodput.wall_s
-    lost = ", ".join(f"{words} {_duration(seconds)}" for words, seconds in (
-        ("start-up", goodput.startup_s), ("detection", goodput.detection_s), ("restarts", goodput.restart_s),
-        ("recomputed steps", goodput.recomputed_s), ("checkpoint stalls", goodput.checkpoint_s),
-        ("data waits", goodput.data_s), ("other (evaluation, epoch ends)", goodput.other_s)))
+    restarts = _duration(goodput.restart_s) + (
+        f" (world changes {_duration(goodput.world_change_s)})" if goodput.world_change_s > 0 else "")
+    lost = ", ".join(f"{words} {seconds}" for words, seconds in (
+        ("start-up", _duration(goodput.startup_s)), ("detection", _duration(goodput.detection_s)),
+        ("restarts", restarts), ("recomputed steps", _duration(goodput.recomputed_s)),
+        ("checkpoint stalls", _duration(goodput.checkpoint_s)), ("data waits", _duration(goodput.data_s)),
+        ("other (evaluation, epoch ends)", _duration(goodput.other_s))))
     lines = [f"goodput {share:.1f}%: {_duration(goodput.trained_s)} of {_duration(goodput.wall_s)} trained; "
              f"the rest: {lost}; {goodput.failures} failure(s)"]
     if goodput.suggestion:

@@ -8,7 +8,8 @@ Each attempt is cut at its first batch (``training_from``) and at the failure th
 
     start-up     the launch to the first attempt's first batch
     restart      the hub naming a failure to the next attempt's first batch (stopping, deciding, waiting for a node,
-                 starting again, loading the checkpoint)
+                 starting again, loading the checkpoint); of it, apart, the restarts into a world of another size
+                 (a node left with no spare, or joined): what the world changes cost the survivors
     detection    a failure's last sign of life to the hub naming it
     recomputed   steps trained after the checkpoint the next attempt resumed from (trained twice)
     checkpoint   steps stalled by checkpoints
@@ -46,6 +47,8 @@ def account(record: JobRecord, current: Effort | None, end: float) -> Goodput:
     if current is not None:
         spent[record.attempt] = current
     parts = dict.fromkeys(("startup", "restart", "detection", "recomputed", "checkpoint", "data", "trained"), 0.0)
+    changed = {change.attempt for change in record.world_changes}
+    world_change = 0.0
     for index, attempt in enumerate(attempts):
         after = attempts[index + 1] if index + 1 < len(attempts) else None
         begun = attempt.started_at if attempt.cause is None else attempt.cause.detected_at
@@ -53,6 +56,8 @@ def account(record: JobRecord, current: Effort | None, end: float) -> Goodput:
         effort = spent.get(attempt.attempt)
         trained_from = min(effort.training_from, over) if effort is not None else over
         parts["startup" if index == 0 else "restart"] += max(0.0, trained_from - begun)
+        if attempt.attempt in changed:
+            world_change += max(0.0, trained_from - begun)
         if after is not None and after.cause is not None:
             parts["detection"] += max(0.0, after.cause.detected_at - after.cause.at)
         if effort is not None:
@@ -69,6 +74,7 @@ def account(record: JobRecord, current: Effort | None, end: float) -> Goodput:
         wall_s=round(wall, 1), **{f"{key}_s": round(value, 1) for key, value in parts.items()},
         other_s=round(wall - sum(parts.values()), 1), failures=failures, checkpoint_every_s=every,
         young_daly_s=None if young is None else round(young, 1), suggestion=suggestion(every, young),
+        world_change_s=round(world_change, 1),
     )
 
 

@@ -32,7 +32,7 @@ from trainer.runtime import schema
 from trainer.runtime.job.pace import Effort
 from trainer.runtime.schema import JsonObject
 
-SCHEMA = 4  # 3: world_changes; 4: joins (WorldChange.joined, Kind.JOINED)
+SCHEMA = 5  # 3: world_changes; 4: joins (WorldChange.joined, Kind.JOINED); 5: Goodput.world_change_s
 # The record every node makes from the plan before it hears a hub (trainer.runtime.job.hub.new_record).
 LAUNCH_VERSION = 1
 
@@ -194,6 +194,7 @@ class Goodput:
     checkpoint_every_s: float  # the configured interval (CHECKPOINT_MINUTES; 0: epoch ends only)
     young_daly_s: float | None  # the interval that loses least at the measured checkpoint cost and failure rate
     suggestion: str  # "" unless the configured interval is far from it
+    world_change_s: float = 0.0  # of restart_s: the restarts into a world of another size (record.world_changes)
 
 
 @dataclass(frozen=True)
