@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.cluster.conftest import playbook_env
+from tests.cluster.conftest import local_play
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMENT = "vidcluster-cluster-key test"
@@ -39,11 +36,7 @@ def retired_keys(tmp_path: Path) -> list[str]:
              "tasks": [{"ansible.builtin.include_role": {"name": "cluster_key", "tasks_from": "generate.yml"}},
                        {"ansible.builtin.copy": {"content": "{{ cluster_key_retired | to_json }}", "dest": str(out),
                                                  "mode": "0600"}}]}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp_path / "hosts").write_text(f"node0 ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    result = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(tmp_path / "hosts"),
-                             str(tmp_path / "play.yml")], cwd=ROOT, env=playbook_env(), capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = local_play(tmp_path, play)
     assert result.returncode == 0, result.stdout[-3000:]
     return json.loads(out.read_text())
 

@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -50,6 +52,15 @@ def run_playbook(path: str | Path, *args: str, inventory: Path | None = None, ch
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def local_play(folder: Path, play: list[dict[str, object]], env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """Run ``play`` on this machine alone (node0: a local connection with this Python), as run_playbook runs a
+    playbook; the play and its inventory are written to ``folder``."""
+    (folder / "play.yml").write_text(yaml.safe_dump(play))
+    (folder / "hosts").write_text(f"node0 ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    return run_playbook(folder / "play.yml", inventory=folder / "hosts", check=False, timeout=300, env=env)
 
 
 def flat(text: str) -> str:

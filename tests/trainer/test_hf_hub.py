@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.conftest import flat, playbook_env
+from tests.cluster.conftest import flat, local_play, playbook_env
 from tests.ports import free_port
 from tests.trainer.test_hf_models import TINY, hub_cache, save_checkpoint
 from trainer.config import ConfigError, load_config, validate_config
@@ -208,12 +208,7 @@ def weights_play(tmp_path: Path, rendered: dict[str, Any]) -> subprocess.Complet
                       "vidcluster_trainer_dir": str(ROOT / "trainer")},
              "tasks": [{"ansible.builtin.include_role": {"name": "ddp_launch", "tasks_from": tasks}}
                        for tasks in ("weights_fetch.yml", "weights.yml")]}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    (tmp_path / "hosts").write_text(f"node0 ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    env = {**playbook_env(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(tmp_path / "hosts"),
-                           str(tmp_path / "play.yml")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return local_play(tmp_path, play, {**playbook_env(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
 
 
 def test_the_weights_task_ships_the_controllers_snapshot(tmp_path: Path) -> None:

@@ -55,9 +55,10 @@ def account(record: JobRecord, current: Effort | None, end: float) -> Goodput:
         over = after.cause.at if after is not None and after.cause is not None else end
         effort = spent.get(attempt.attempt)
         trained_from = min(effort.training_from, over) if effort is not None else over
-        parts["startup" if index == 0 else "restart"] += max(0.0, trained_from - begun)
+        to_first_batch = max(0.0, trained_from - begun)
+        parts["startup" if index == 0 else "restart"] += to_first_batch
         if attempt.attempt in changed:
-            world_change += max(0.0, trained_from - begun)
+            world_change += to_first_batch
         if after is not None and after.cause is not None:
             parts["detection"] += max(0.0, after.cause.detected_at - after.cause.at)
         if effort is not None:
