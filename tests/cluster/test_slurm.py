@@ -480,9 +480,13 @@ def test_a_time_limit_shorter_than_the_training_requeues_without_losing_a_step(c
     assert "time limit is near" in allocations[0]["ended"]["why"]
     shown, runs = slurm_view(cluster, job)
     assert f" Restarts={len(allocations) - 1} " in shown and len(runs) == len(allocations)
-    resumed = [a for a in attempts(job) if a["cause"] == "preempted"]
-    # checkpointed at the step it stopped at
-    assert resumed and all(a["steps_lost"] == 0 for a in resumed), (attempts(job), allocations)
+    preempted = [a for a in attempts(job) if a["cause"] == "preempted"]
+    # Checkpointed at the step it stopped at. On a loaded machine a run's start can outlast the signal's 40 s: that
+    # run is stopped before its trainer reported a step, so it lost none, and its successor starts afresh (steps_lost
+    # null: no step was reported, none could be trained again).
+    assert any(a["resumed_from"] and a["steps_lost"] == 0 for a in preempted), (attempts(job), allocations)
+    assert all(a["steps_lost"] == 0 or (a["steps_lost"] is None and not a["resumed_from"]) for a in preempted), (
+        attempts(job), allocations)
     for node in allocations[0]["members"]:  # every rank checkpointed and stopped with the checkpoint's status
         assert "the trainer exited with status 75" in (job_dir(cluster, job) / node / "train.log").read_text()
     assert digest(job)
