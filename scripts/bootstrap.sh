@@ -58,3 +58,9 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   "$VENV/bin/python" -c "import torch, torchvision, decord, torchcodec, ansible, paramiko, yaml, pydantic"
   echo "$want" > "$stamp"
 fi
+# The repository's own Python compiled too, for the same reason: Ansible loads the roles' plugins afresh in every
+# process it forks for a task (about a hundred per launch), and where nothing may write bytecode (an image that sets
+# PYTHONDONTWRITEBYTECODE, as this project's CI machines do) each of them would compile the plugins again. Files
+# already compiled are skipped.
+"$VENV/bin/python" -m compileall -q -j 0 "$ROOT/trainer" "$ROOT/roles" "$ROOT/collections" "$ROOT/playbooks" \
+  "$ROOT/scripts" >/dev/null

@@ -68,8 +68,7 @@ from typing import Any
 
 from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
 
-layout = trainer_module("runtime.layout")
-JOB_ID_CHARS, valid_job_id = layout.JOB_ID_CHARS, layout.valid_job_id
+LAYOUT = "runtime.layout"  # trainer/runtime/layout.py: what a job id may be
 
 
 def _is_int(value: Any) -> bool:
@@ -195,12 +194,13 @@ def cluster_contract(rows: Sequence[Mapping[str, Any]], controller_user: str = "
         return {"nodes": {}, "order": [], "spares": [], "members": [], "root": "", "user": "", "min_nodes": None,
                 "errors": [
             "the inventory has no hosts in the group 'trainers' (see inventory/README.md)"]}
+    layout = trainer_module(LAYOUT)
     nodes: dict[str, dict[str, Any]] = {}
     for row in rows:
         name = str(row["name"])
-        if not valid_job_id(name):
+        if not layout.valid_job_id(name):
             errors.append(f"{name!r}: a node's inventory name names its folders on every node and its entry in "
-                          f"~/.ssh/config; use {JOB_ID_CHARS}")
+                          f"~/.ssh/config; use {layout.JOB_ID_CHARS}")
         ssh_host = str(row.get("ansible_host") or name)
         given_ip = str(row.get("cluster_ip") or ssh_host)
         try:
@@ -432,9 +432,11 @@ def job_id(given: Any, config: Any = "") -> dict[str, str]:
     command line)."""
     value = str(given) if given not in (None, "") else re.sub(r"\.ya?ml$", "", str(config or "").rstrip("/")
                                                                .rsplit("/", 1)[-1])
-    if value and not valid_job_id(value):
+    layout = trainer_module(LAYOUT)
+    if value and not layout.valid_job_id(value):
         source = "-e job_id" if given not in (None, "") else "the name of -e config"
-        return {"id": "", "error": f"job id {value!r} ({source}) names a folder on every node: use {JOB_ID_CHARS}"}
+        return {"id": "", "error": f"job id {value!r} ({source}) names a folder on every node: use "
+                                   f"{layout.JOB_ID_CHARS}"}
     return {"id": value, "error": ""}
 
 

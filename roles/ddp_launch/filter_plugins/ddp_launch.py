@@ -11,9 +11,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
+from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_function, trainer_module
 
-report = trainer_module("runtime.report")
+REPORT = "runtime.report"  # trainer/runtime/report.py: the words of every node's and job's state
 
 
 def node_state(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -30,11 +30,13 @@ def node_states(hostvars: Mapping[str, Any], hosts: list[str], register: str) ->
 
 def hub(states: Mapping[str, Mapping[str, Any]]) -> str:
     """The job's hub as the freshest record among the nodes' states names it ('' when no node knows the job)."""
+    report = trainer_module(REPORT)
     return report.hub_of(report.freshest(states))
 
 
 def job_lines(stdout: str) -> list[str]:
     """training-status.yml's lines for one node: one per job (the runtime prints one JSON object per job)."""
+    report = trainer_module(REPORT)
     return [report.node_line(json.loads(line)) for line in stdout.splitlines() if line.strip()] or ["no job here"]
 
 
@@ -45,9 +47,9 @@ class FilterModule:
         return {
             "ddp_launch_node_states": node_states,
             "ddp_launch_hub": hub,
-            "ddp_launch_rank0": report.rank0_of,
-            "ddp_launch_end_report": report.end_report,
+            "ddp_launch_rank0": trainer_function(REPORT, "rank0_of"),
+            "ddp_launch_end_report": trainer_function(REPORT, "end_report"),
             "ddp_launch_job_lines": job_lines,
-            "ddp_launch_progress": report.progress_line,
-            "ddp_launch_summary": report.summary_lines,
+            "ddp_launch_progress": trainer_function(REPORT, "progress_line"),
+            "ddp_launch_summary": trainer_function(REPORT, "summary_lines"),
         }

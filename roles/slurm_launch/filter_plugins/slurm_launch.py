@@ -13,11 +13,14 @@ from typing import Any
 
 from ansible_collections.vidcluster.launcher.plugins.plugin_utils.trainer import trainer_module
 
-report = trainer_module("runtime.report")
-slurmjob = trainer_module("runtime.slurm.account")
+REPORT = "runtime.report"  # trainer/runtime/report.py: the words of every node's and job's state
 
-# The launch's files in the login host's folder of the job, as trainer/runtime/slurm/account.py names them.
-FILES = {"description": slurmjob.DESCRIPTION_FILE, "experiment": slurmjob.EXPERIMENT_FILE}
+
+def launch_file(kind: str) -> str:
+    """The launch's file of this kind (description, experiment) in the login host's folder of the job, as
+    trainer/runtime/slurm/account.py names it."""
+    account = trainer_module("runtime.slurm.account")
+    return {"description": account.DESCRIPTION_FILE, "experiment": account.EXPERIMENT_FILE}[kind]
 
 
 def queue_line(status: Mapping[str, Any]) -> str:
@@ -35,6 +38,7 @@ def queue_line(status: Mapping[str, Any]) -> str:
 def job_lines(stdout: str) -> list[str]:
     """training-status.yml's lines on a Slurm site: per job, Slurm's view, the job's state and progress, each node of
     its latest allocation, and every restart on record."""
+    report = trainer_module(REPORT)
     lines = []
     for text in stdout.splitlines():
         if not text.strip():
@@ -53,7 +57,8 @@ def end_report(status: Mapping[str, Any]) -> dict[str, Any]:
     """``{state, first, message, restarts, rank0}`` of a Slurm job that ended: the runtime's end report of its
     latest allocation's nodes, Slurm's view first."""
     nodes = dict(status.get("nodes") or {})
-    ended = report.end_report(nodes) if nodes else {"state": "", "first": "", "message": "", "restarts": []}
+    ended = (trainer_module(REPORT).end_report(nodes) if nodes
+             else {"state": "", "first": "", "message": "", "restarts": []})
     end = status.get("end") or {}
     message = [queue_line(status) + ".", f"The job {end.get('state', status.get('state'))}: {end.get('reason', '')}"]
     message += [line for line in ended["message"].splitlines()[1:]]
@@ -68,4 +73,4 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"slurm_launch_job_lines": job_lines, "slurm_launch_end_report": end_report,
-                "slurm_launch_file": FILES.__getitem__}
+                "slurm_launch_file": launch_file}
