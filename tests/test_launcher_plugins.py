@@ -95,3 +95,26 @@ def test_the_plugins_import_this_repositorys_trainer_and_nothing_else(tmp_path: 
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(PACKAGE / "runtime" / "layout.py"), "False", "1"]
+
+
+def test_loading_the_filter_plugins_imports_no_trainer_module_until_a_filter_runs() -> None:
+    """Ansible loads every role's filter plugin in each process it forks for a task: loading them (and listing their
+    filters) must not import the trainer, which only the filters that use it pay for when they run."""
+    script = ("import importlib.util, sys\n"
+              "from pathlib import Path\n"
+              f"sys.path.append({str(REPO / 'collections')!r})\n"
+              "filters = {}\n"
+              f"for path in sorted(Path({str(REPO / 'roles')!r}).glob('*/filter_plugins/*.py')):\n"
+              "    spec = importlib.util.spec_from_file_location(path.stem, path)\n"
+              "    module = importlib.util.module_from_spec(spec)\n"
+              "    spec.loader.exec_module(module)\n"
+              "    filters.update(module.FilterModule().filters())\n"
+              "print(len(filters), sorted(name for name in sys.modules if name.split('.')[0] == 'trainer'))\n"
+              "print(filters['cluster_job_id']('../x'), filters['slurm_launch_file']('experiment'))\n"
+              "print(filters['ddp_launch_hub']({}) == '', 'trainer.runtime.report' in sys.modules)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    loaded, called, hub = done.stdout.splitlines()
+    assert int(loaded.split()[0]) > 20 and loaded.split(maxsplit=1)[1] == "[]", loaded
+    assert "names a folder on every node" in called, called
+    assert hub == "True True", hub
