@@ -495,12 +495,16 @@ def test_a_time_limit_shorter_than_the_training_requeues_without_losing_a_step(c
 def test_training_status_shows_the_queue_and_the_progress_and_stop_training_stops_it(cluster: LocalCluster,
                                                                                    dataset: Path) -> None:
     job = f"{cluster.name}-stop"
-    extra = {"vidcluster_slurm_sbatch_extra": ["--begin=now+10"]}  # the job waits in the queue a while first
+    # The job waits in the queue until the test has looked at it, then the administrator lets it start: a begin time
+    # a few seconds ahead could pass before the look, on a loaded machine.
+    extra = {"vidcluster_slurm_sbatch_extra": ["--begin=now+3600"]}
     out = finish(launch(cluster, job, 1000, "-e", "wait=false", "-e", json.dumps(extra)))
     assert "submitted as Slurm job" in flat(out), out[-3000:]
     queued = flat(cluster.playbook("training-status.yml", "-e", f"job_id={job}").stdout)
     assert re.search(rf"{job}: Slurm job \d+: PENDING \(BeginTime\)", queued), queued[-3000:]
     assert re.search(rf"{job}: running; waiting \(attempt 1 of 4\): Slurm: job \d+ PENDING \(BeginTime\)", queued)
+    slurm_job = re.search(r"submitted as Slurm job (\d+)", flat(out))[1]
+    as_admin(cluster, "scontrol", "update", f"JobId={slurm_job}", "StartTime=now")
     wait_for_epoch(cluster, job, 2, None)
     running = flat(cluster.playbook("training-status.yml", "-e", f"job_id={job}").stdout)
     assert re.search(rf"{job}: Slurm job \d+: RUNNING on node\S+ for ", running), running[-3000:]
