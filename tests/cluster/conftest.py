@@ -361,10 +361,10 @@ def _netns_pids(node: Node) -> list[int]:
 
 
 @contextlib.contextmanager
-def cpu_quota(node: Node, fraction: float) -> Iterator[None]:
+def cpu_quota(node: Node, fraction: float) -> Iterator[Path]:
     """Every process of the test host (its sshd, and so every process a play or the job starts there later, and the
     ones already running: trainer, loader workers) gets ``fraction`` of one CPU while the block runs: a slow node,
-    as a throttled GPU or a noisy neighbour makes one. Undone on the way out, on failure too."""
+    as a throttled GPU or a noisy neighbour makes one. Undone on the way out, on failure too. Yields the cgroup."""
     root = _cpu_cgroup_root()
     group = root / f"vidcluster-test-{node.netns}-{os.getpid()}"
     group.mkdir()
@@ -376,7 +376,7 @@ def cpu_quota(node: Node, fraction: float) -> Iterator[None]:
             (group / "cpu.cfs_period_us").write_text(f"{_CPU_PERIOD_US}\n")
             (group / "cpu.cfs_quota_us").write_text(f"{quota}\n")
         _move_to_cgroup(group, _netns_pids(node))
-        yield
+        yield group
     finally:
         # A process forked while a pass ran joins the group, and one that died stays in it until its parent reaps
         # it (it cannot be moved): move and retry until the group is empty.

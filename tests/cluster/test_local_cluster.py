@@ -12,6 +12,7 @@ from tests.cluster.conftest import (
     CLUSTER_PLAYBOOK,
     REPO,
     LocalCluster,
+    Node,
     changed_total,
     cpu_quota,
     link_names,
@@ -82,7 +83,7 @@ def test_env_source_the_user_cannot_reach_is_still_usable(cluster: LocalCluster,
     assert "vidcluster_env_path" not in cluster.inventory.read_text()
 
 
-def _cpu_share_and_cgroups(cluster: LocalCluster, node) -> tuple[float, str]:
+def _cpu_share_and_cgroups(cluster: LocalCluster, node: Node) -> tuple[float, str]:
     """The share of one CPU a 1.5 s busy loop started on the node over SSH (so it runs in the host's sshd's groups)
     got, and the cgroups it ran in."""
     probe = ("python3 -c 'import time\nw=time.time();c=time.process_time()\nwhile time.time()-w<1.5: pass\n"
@@ -96,11 +97,11 @@ def test_cpu_quota_slows_only_that_host(cluster: LocalCluster) -> None:
     # gets at most about that share; its neighbour's do not, and the host is itself again once the block ends.
     # Shares, not speeds against the neighbour: another test busy on this machine's cores slows the neighbour too.
     node0, node1 = cluster.nodes
-    group = f"vidcluster-test-{node1.netns}-"
-    with cpu_quota(node1, 0.1):
+    with cpu_quota(node1, 0.1) as quota:
         (slowed, slowed_groups), (_, neighbour_groups) = (
             _cpu_share_and_cgroups(cluster, node1), _cpu_share_and_cgroups(cluster, node0))
     _, after_groups = _cpu_share_and_cgroups(cluster, node1)
+    group = f"/{quota.name}\n"  # /proc/self/cgroup's lines end in the group's path
     assert group in slowed_groups and slowed < 0.2, (slowed, slowed_groups)
     assert group not in neighbour_groups, neighbour_groups
     assert group not in after_groups, after_groups
