@@ -44,60 +44,69 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torch import nn
+from trainer.startup import collector_paused
 
-from trainer import checkpoint, heartbeat
-from trainer.accel import configure_backends, grad_scaler, prepare_model, unwrap_ddp, wrap_ddp
-from trainer.bad_videos import BadVideos
-from trainer.checkpoint import CheckpointWriter
-from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
-from trainer.continuation import (
-    RECIPE_WORLD_KEY,
-    Continuation,
-    Kept,
-    Memory,
-    Position,
-    checkpoint_continuation,
-    go_on_from_memory,
-    log_accumulation,
-    recall_buffers,
-    restore_buffers,
-    run_recipe,
-    shared_memory,
-)
-from trainer.coordination import StepControl, StopRequest, stop_signals
-from trainer.data import build_dataset, build_loader, loader_workers
-from trainer.data.check import require_readable
-from trainer.data.loader import end_workers, epoch_batches, set_loader_epoch, skip_batches
-from trainer.data.multigrid import MultigridSchedule
-from trainer.distributed import (
-    DistContext,
-    PeerError,
-    abort_groups,
-    add_launcher_args,
-    all_gather_object,
-    barrier,
-    broadcast_buffers,
-    broadcast_object,
-    launch,
-    rejoin,
-)
-from trainer.elastic import Accumulation, Recipe, continuation_seed, epoch_seed
-from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
-from trainer.errors import Preempted, first_line, lost_peer, reading_checkpoint, report_user_errors
-from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
-from trainer.model_setup import apply_training_controls, build_model_from_config
-from trainer.pace import StepClock
-from trainer.precise_bn import update_precise_bn
-from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
-from trainer.resume import EpochProgress, load_resume_state, seed_everything
-from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
-from trainer.runtime.host.channel import Join
-from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
-from trainer.sharding import check_resume_kind, full_model_state, is_sharded, require_one_checkpoint_dir, uses_fsdp2
-from trainer.solver import build_optimizer, build_scheduler, effective_lr, schedule_lr
-from trainer.timeline import PROCESS
-from trainer.weights.pretrained import InitialWeights, initial_weights, initialise, load_initial, resolve_normalisation
+with collector_paused():  # torch and the models load without the collector walking them (trainer.startup)
+    from torch import nn
+
+    from trainer import checkpoint, heartbeat
+    from trainer.accel import configure_backends, grad_scaler, prepare_model, unwrap_ddp, wrap_ddp
+    from trainer.bad_videos import BadVideos
+    from trainer.checkpoint import CheckpointWriter
+    from trainer.config import Config, ConfigError, config_to_yaml, dump_config, load_config, run_dir
+    from trainer.continuation import (
+        RECIPE_WORLD_KEY,
+        Continuation,
+        Kept,
+        Memory,
+        Position,
+        checkpoint_continuation,
+        go_on_from_memory,
+        log_accumulation,
+        recall_buffers,
+        restore_buffers,
+        run_recipe,
+        shared_memory,
+    )
+    from trainer.coordination import StepControl, StopRequest, stop_signals
+    from trainer.data import build_dataset, build_loader, loader_workers
+    from trainer.data.check import require_readable
+    from trainer.data.loader import end_workers, epoch_batches, set_loader_epoch, skip_batches
+    from trainer.data.multigrid import MultigridSchedule
+    from trainer.distributed import (
+        DistContext,
+        PeerError,
+        abort_groups,
+        add_launcher_args,
+        all_gather_object,
+        barrier,
+        broadcast_buffers,
+        broadcast_object,
+        launch,
+        rejoin,
+    )
+    from trainer.elastic import Accumulation, Recipe, continuation_seed, epoch_seed
+    from trainer.engine import EpochTally, TrainState, evaluate, gather_bad, train_one_epoch
+    from trainer.errors import Preempted, first_line, lost_peer, reading_checkpoint, report_user_errors
+    from trainer.inplace import InPlace, LeftAttempt, ParentGone, standby_argv
+    from trainer.model_setup import apply_training_controls, build_model_from_config
+    from trainer.pace import StepClock
+    from trainer.precise_bn import update_precise_bn
+    from trainer.reporting import Reporter, attempt_from_env, attempt_record, setup_logging
+    from trainer.resume import EpochProgress, load_resume_state, seed_everything
+    from trainer.runtime.contract import DIGEST_FILE, METRICS_FILE, RUN_CONFIG_FILE
+    from trainer.runtime.host.channel import Join
+    from trainer.runtime.watch.messages import CHECKPOINT, EVALUATE
+    from trainer.sharding import check_resume_kind, full_model_state, is_sharded, require_one_checkpoint_dir, uses_fsdp2
+    from trainer.solver import build_optimizer, build_scheduler, effective_lr, schedule_lr
+    from trainer.timeline import PROCESS
+    from trainer.weights.pretrained import (
+        InitialWeights,
+        initial_weights,
+        initialise,
+        load_initial,
+        resolve_normalisation,
+    )
 
 log = logging.getLogger("trainer")
 
