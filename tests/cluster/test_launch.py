@@ -660,8 +660,11 @@ def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cl
     is not a restart."""
     job = f"{cluster.name}-grow"
     epochs = 60
+    # The role's default stop grace (15 s), not this module's 5: node2's trainer, thawed on a machine the other lane's
+    # worker keeps busy, once took over 4 s to leave its attempt and was killed for it (its standby then joined).
     play = launch_in_background(cluster, "-e", f"config={CONFIG}", "-e", f"job_id={job}",
-                                "-e", "vidcluster_min_nodes=2", *training(epochs))  # fmt: skip
+                                "-e", "vidcluster_min_nodes=2", "-e", "ddp_config_stop_grace=15",
+                                *training(epochs))  # fmt: skip
     lost = cluster.nodes[2]
     try:
         wait_for_epoch(cluster, job, 5, play)
