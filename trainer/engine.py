@@ -32,11 +32,13 @@ from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, 
 from trainer.elastic import Accumulation
 from trainer.pace import StepClock
 from trainer.reporting import Reporter, progress
-from trainer.runtime.watch.messages import COMPUTE, DATA
+from trainer.runtime.watch.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, VALIDATE
 from trainer.sharding import is_sharded
 from trainer.solver import schedule_lr
 
 log = logging.getLogger("trainer")
+
+METRICS = COLLECTIVE + "metrics"  # a validation's sums over every rank (its heartbeat says a rank waits there)
 
 
 @dataclass
@@ -230,10 +232,11 @@ def _optimizer_step(model: nn.Module, state: TrainState, clip_norm: float) -> No
 
 def _eval_logits(
     model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str, bad: list[tuple[str, str]],
-    fallback: list[tuple[str, str]],
+    fallback: list[tuple[str, str]], each_batch: Callable[[], None],
 ) -> Iterator[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]:
     """(batch, labels, float logits) of every batch with at least one good video; bad videos go into ``bad``, the
-    ones DECODER auto read with torchcodec into ``fallback``.
+    ones DECODER auto read with torchcodec into ``fallback``; ``each_batch()`` after each batch (trainer.train: the
+    supervisor's word).
 
     A sharded model's forward gathers its parameters from every rank, so each rank runs as many forwards as the rank
     with the most batches (the eval shards may differ in length): a placeholder clip for a batch with no good video,
@@ -241,33 +244,46 @@ def _eval_logits(
     normalizer = clip_normalizer(cfg, ctx)
     sharded = is_sharded(model)
     missing = max(all_gather_object(len(loader))) - len(loader) if sharded else 0
+    heartbeat.at(VALIDATE)
     for batch in progress(ctx, loader, len(loader), desc):
         bad.extend(batch["bad"])
         fallback.extend(batch["fallback"])
         if len(batch["label"]) == 0:
             missing += sharded
-            continue
-        with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
-            logits = model(normalizer(batch["video"], batch.get("crops"))).float()
-        yield batch, batch["label"].to(ctx.device, non_blocking=True), logits
+        else:
+            with autocast(ctx, cfg.CONFIG.TRAIN.AMP):
+                logits = model(normalizer(batch["video"], batch.get("crops"))).float()
+            yield batch, batch["label"].to(ctx.device, non_blocking=True), logits
+        heartbeat.validated()
+        each_batch()
     for _ in range(missing):
         model(_placeholder_input(cfg, normalizer))
 
 
+def _sum_over_ranks(*tensors: torch.Tensor) -> None:
+    """A validation's or test's sums over every rank, in place: meanwhile this rank's heartbeat says it waits in them
+    (METRICS), so that a peer stuck in a batch is named hung; then it is at its epoch's end (EVALUATE) again."""
+    heartbeat.at(METRICS)
+    for tensor in tensors:
+        all_reduce_sum(tensor)
+    heartbeat.at(EVALUATE)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str = "val") -> dict[str, Any]:
+def evaluate(model: nn.Module, loader: Any, ctx: DistContext, cfg: Config, desc: str = "val",
+             each_batch: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Loss, top-1 and top-5 over the whole split; ``model`` is the unwrapped module (shards may differ in length,
-    and a DDP forward would then wait on a buffer broadcast that never comes)."""
+    and a DDP forward would then wait on a buffer broadcast that never comes); ``each_batch()`` after each batch."""
     model.eval()
     criterion = nn.CrossEntropyLoss(reduction="sum")
     stats = torch.zeros(4, device=ctx.device, dtype=torch.float64)  # loss sum, top-1, top-5, clips
     bad: list[tuple[str, str]] = []
     fallback: list[tuple[str, str]] = []
-    for _, labels, logits in _eval_logits(model, loader, ctx, cfg, desc, bad, fallback):
+    for _, labels, logits in _eval_logits(model, loader, ctx, cfg, desc, bad, fallback, each_batch):
         stats += torch.stack([criterion(logits, labels).double(), topk_correct(logits, labels, 1).double(),
                               topk_correct(logits, labels, 5).double(),
                               torch.tensor(len(labels), device=ctx.device, dtype=torch.float64)])
-    all_reduce_sum(stats)
+    _sum_over_ranks(stats)
     count = max(stats[3].item(), 1.0)
     return {
         "loss": stats[0].item() / count,
@@ -290,13 +306,12 @@ def test_multiview(
     label_sum = torch.zeros(num_videos, device=ctx.device, dtype=torch.float64)
     bad: list[tuple[str, str]] = []
     fallback: list[tuple[str, str]] = []
-    for batch, labels, logits in _eval_logits(model, loader, ctx, cfg, "test", bad, fallback):
+    for batch, labels, logits in _eval_logits(model, loader, ctx, cfg, "test", bad, fallback, lambda: None):
         vidx = batch["video_index"].to(ctx.device)
         probs.index_add_(0, vidx, logits.softmax(dim=1).double())
         views.index_add_(0, vidx, torch.ones_like(vidx, dtype=torch.float64))
         label_sum.index_add_(0, vidx, labels.double())
-    for tensor in (probs, views, label_sum):
-        all_reduce_sum(tensor)
+    _sum_over_ranks(probs, views, label_sum)
     seen = views > 0  # a video all of whose views were bad is not scored
     labels = (label_sum[seen] / views[seen]).round().long()  # every view carries its video's label
     scores = probs[seen]

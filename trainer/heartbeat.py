@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import os
 import threading
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.runtime import atomic, schema
-from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, WHERE_SUFFIX
+from trainer.runtime.contract import HEARTBEAT_DIR_ENV, HEARTBEAT_INTERVAL_ENV, STACKS_SIGNAL, WHERE_SUFFIX
 from trainer.runtime.job.pace import Beat, Effort, beat_text
 from trainer.runtime.watch.messages import COLLECTIVE, STARTING, UNJUDGED, Where
 
@@ -89,6 +90,13 @@ def stepped() -> None:
     _PROGRESS.where = dataclasses.replace(where, step=where.step + 1, step_at=now, step_s=usual)
 
 
+def validated() -> None:
+    """A validation batch is done. A validating rank (VALIDATE) is judged by its batches as a training one is by its
+    steps: one stuck in a batch (a loader worker that never answers) is named hung while its peers wait in the sums'
+    all-reduce, not left to the collective's timeout. Its step count and usual step time stay its training's."""
+    _PROGRESS.where = dataclasses.replace(_PROGRESS.where, step_at=time.monotonic())
+
+
 def watch_gradients(model: Any) -> None:
     """Once a gradient of ``model`` is accumulated, this process waits in the gradient all-reduce (DDP reduces each
     bucket as its gradients are ready, and the backward returns when all are reduced); once per model."""
@@ -130,10 +138,13 @@ def _beat(path: Path, interval: float) -> None:
 
 
 def start_heartbeat() -> None:
-    """Start this process's heartbeat thread, once, if the launcher asked for one."""
+    """Start this process's heartbeat thread, once, if the launcher asked for one; from then on STACKS_SIGNAL writes
+    every thread's stack to stderr (its log), from a signal handler that runs even while the main thread is stuck in C
+    holding the GIL: the supervisor asks for them before it kills a trainer that hung or would not leave."""
     folder = os.environ.get(HEARTBEAT_DIR_ENV)
     if not folder:
         return
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     path = Path(folder) / str(os.getpid())
     if path.exists():
         return  # already beating (launch and a worker can be the same process)

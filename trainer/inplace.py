@@ -3,13 +3,13 @@ trainer.runtime.host.channel).
 
 A training process the runtime started with $VIDCLUSTER_IN_PLACE goes on when its attempt ends under it: a peer went
 away (a collective failed), its group did not form, or its supervisor said the attempt is over (read after every
-optimizer step: ``InPlace.check``). It waits for the checkpoint it was writing, aborts its process groups
-(distributed.abort_groups: a graceful destroy waits on a dead peer under nccl), says it is parked, and waits until its
-supervisor hands it the next attempt; then it forms that attempt's group (its node's rank, the rendezvous and the
-number of nodes may have changed) and goes on from the step it holds in memory when every rank of the attempt that
-holds one holds the same one (a process new to the job receives it from a peer: trainer.continuation.shared_memory;
-the recipe kept in another world: trainer.elastic), else resumes from the checkpoint every rank agrees on, as a new
-process would, with its interpreter, model and data loaders kept (train.train_worker's loop).
+optimizer step and validation batch: ``InPlace.check``). It waits for the checkpoint it was writing, aborts its process
+groups (distributed.abort_groups: a graceful destroy waits on a dead peer under nccl), says it is parked, and waits
+until its supervisor hands it the next attempt; then it forms that attempt's group (its node's rank, the rendezvous and
+the number of nodes may have changed) and goes on from the step it holds in memory when every rank of the attempt that
+holds one holds the same one (a process new to the job receives it from a peer: trainer.continuation.shared_memory; the
+recipe kept in another world: trainer.elastic), else resumes from the checkpoint every rank agrees on, as a new process
+would, with its interpreter, model and data loaders kept (train.train_worker's loop).
 
 A rank may be told its attempt is over while it waits in a collective whose peer is gone, or on a live peer that
 left it, which nccl and gloo would wait in until DDP_CONFIG.TIMEOUT_SECONDS: a thread (``InPlace.abort_when_over``)
@@ -160,7 +160,7 @@ class InPlace:
         return attempt is not None and notice is not None and notice.over >= attempt
 
     def check(self, attempt: int | None) -> None:
-        """LeftAttempt when the supervisor has said that ``attempt`` is over (after every optimizer step)."""
+        """LeftAttempt when the supervisor has said that ``attempt`` is over (after every step and validation batch)."""
         if self.over(attempt):
             raise LeftAttempt(f"the supervisor says attempt {attempt} is over")
 

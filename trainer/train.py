@@ -144,7 +144,7 @@ class Run:
     progress: Continuation | None  # where the start epoch stands, when the run goes on mid-epoch
     attempt: dict[str, Any] | None  # rank 0: $VIDCLUSTER_ATTEMPT, recorded after this attempt's first step
     resumed_step: int
-    place: InPlace | None  # restart in place: the supervisor's word is read after every step
+    place: InPlace | None  # restart in place: the supervisor's word is read after every step and validation batch
     bad_videos: BadVideos  # the run's bad videos, every rank's (trainer.bad_videos)
     recipe: Recipe
     accumulation: Accumulation  # this attempt's, in its world
@@ -404,7 +404,7 @@ def run_epoch(run: Run, epoch: int) -> None:
         batches = update_precise_bn(run.raw_model, run.precise_bn_loader, ctx, cfg)
         log.info("precise BatchNorm statistics from %d batches over %d rank(s)", batches, ctx.world_size)
     if validate:
-        val = evaluate(run.raw_model, run.val_loader, ctx, cfg)
+        val = evaluate(run.raw_model, run.val_loader, ctx, cfg, each_batch=functools.partial(leave_if_told, run))
         require_readable("CONFIG.DATA.VAL_ANNO_PATH", "CONFIG.DATA.VAL_DATA_PATH", done, val["count"], val["bad"])
         metrics.update({f"val_{k}": v for k, v in val.items() if k not in ("bad", "fallback")})
         is_best = val["top1"] > run.best_top1
@@ -458,12 +458,17 @@ def after_step(run: Run, epoch: int, epoch_lr: float, tally: EpochTally, step_cl
         run.stepped = True
         PROCESS.mark("first_step")
         record_attempt(run)
-    if run.place is not None:
-        run.place.check(PROCESS.attempt)  # the supervisor may have said this attempt is over
+    leave_if_told(run)
     if verdict.stop or (verdict.checkpoint and not epoch_end):  # at the epoch's end its own checkpoint comes
         save_mid_epoch(run, epoch, epoch_lr, tally)
     if verdict.stop:
         stop_here(run, epoch)
+
+
+def leave_if_told(run: Run) -> None:
+    """LeftAttempt when the supervisor has said this attempt is over (restart in place: trainer.inplace)."""
+    if run.place is not None:
+        run.place.check(PROCESS.attempt)
 
 
 def log_samples(path: Path, step: int, epoch: int, ctx: DistContext, samples: list[int]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -258,4 +259,9 @@ def test_a_rank_hung_in_its_step_is_named_by_its_progress_and_killed_and_the_job
     # n1's trainer was killed at once (SIGKILL: it cannot leave), n0's left the attempt in place: no stop grace ran out.
     assert came(record) == {"n0": (Start.IN_PLACE, ""), "n1": (Start.STANDBY, "its trainer hung (attempt 0)")}
     assert [timeline.killed for timeline in record.attempts[0].nodes.values()] == ["", ""], record.attempts[0]
+    # Before its SIGKILL it wrote its threads' stacks into n1's log: where it hung, and its heartbeat beating on.
+    stacks = job.log("n1")
+    assert re.search(r'Current thread 0x[0-9a-f]+ \(most recent call first\):\n  File ".*standin\.py", line \d+ in '
+                     r"train_step\n", stacks), stacks[-3000:]
+    assert re.search(r'  File ".*heartbeat\.py", line \d+ in _beat\n', stacks), stacks[-3000:]
     exact(job, "n0", "n1")

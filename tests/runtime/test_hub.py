@@ -22,6 +22,7 @@ from trainer.runtime.watch.messages import (
     DATA,
     EVALUATE,
     IDLE,
+    VALIDATE,
     RankProgress,
     RecordReply,
     Report,
@@ -501,6 +502,24 @@ def test_a_rank_whose_step_stalls_while_the_others_wait_in_a_collective_is_named
     assert first.reason == ("its rank 1 hung in data, 40 steps into its attempt: no step for 16 s (its usual step: "
                             "0.50 s), while rank(s) 0 wait in a collective"), first.reason
     assert first.at == j.wall - (floor + 1)  # its last step: the last sign of its progress
+
+
+def test_a_rank_stuck_in_a_validation_batch_while_the_others_wait_in_the_sums_is_named_hung() -> None:
+    j = Job(plan())
+    j.tick(2, "n0", "n1")
+    # n1's rank 1 has had no validation batch for the floor less a second (its loader worker never answers); rank 0
+    # finished its shard and waits in the metrics' all-reduce. Validating takes as long as the set does: only a batch
+    # is judged.
+    floor, sums = HANG_FLOOR_S, COLLECTIVE + "metrics"
+    j.ranks = {"n0": (stalled(0, sums, floor - 1),), "n1": (stalled(1, VALIDATE, floor - 1),)}
+    j.tick(1, "n0", "n1")
+    assert j.record.phase == "running" and not j.hub.failures
+    j.ranks = {"n0": (stalled(0, sums, floor + 1),), "n1": (stalled(1, VALIDATE, floor + 1),)}
+    j.tick(1, "n0", "n1")
+    first = j.record.first_failure
+    assert j.record.phase == "stopping" and first is not None and (first.node, first.kind) == ("n1", Kind.HUNG)
+    assert first.reason == ("its rank 1 hung in validate, 40 steps into its attempt: no validation batch for 16 s (its "
+                            "usual step: 0.50 s), while rank(s) 0 wait in a collective"), first.reason
 
 
 def test_only_the_rank_the_others_wait_for_is_named_never_a_waiter() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 
 from tests.runtime.test_plan import job, plans
 from trainer.runtime import layout, schema
-from trainer.runtime.contract import JOB_DIR_ENV, TRAINER_ENV, WHERE_SUFFIX
+from trainer.runtime.contract import JOB_DIR_ENV, STACKS_S, TRAINER_ENV, WHERE_SUFFIX
 from trainer.runtime.host import beats as beats_module
 from trainer.runtime.host import channel, procs
 from trainer.runtime.host.channel import ChannelError, Notice, ProcessReport, ProcState
@@ -33,6 +34,12 @@ from trainer.runtime.plan import NodePlan
 from trainer.runtime.watch.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, TrainerState, Where
 
 WAIT = "import time\nwhile True:\n    time.sleep(0.05)"
+# A trainer stuck in its main thread (no stop signal is acted on, as in native code) that writes its stacks when asked
+# (trainer.heartbeat registers the same); it says when it is ready.
+STUCK = ("import faulthandler, signal, time\nfrom trainer.runtime.contract import STACKS_SIGNAL\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "faulthandler.register(STACKS_SIGNAL, all_threads=True)\nprint('ready', flush=True)\n"
+         "def stuck():\n    while True:\n        time.sleep(0.05)\nstuck()")
 
 
 @pytest.fixture
@@ -52,6 +59,26 @@ def trainer_process(plan: NodePlan, code: str = WAIT) -> subprocess.Popen[bytes]
     """A process of the job's trainer (its environment says so), doing ``code``."""
     return subprocess.Popen([sys.executable, "-c", code], env={**os.environ, JOB_DIR_ENV: plan.paths.job_dir,
                                                                TRAINER_ENV: "0"})
+
+
+def stuck_trainer(plan: NodePlan) -> subprocess.Popen[bytes]:
+    """A trainer process (STUCK) once it is ready; its stderr is a pipe."""
+    proc = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, JOB_DIR_ENV: plan.paths.job_dir, TRAINER_ENV: "0"})
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def killed_after_its_stacks(node: Node, trainer: subprocess.Popen[bytes]) -> None:
+    """The node asked ``trainer`` for its stacks and kills it at its first poll STACKS_S later; they are on its
+    stderr (the node's log, under the supervisor)."""
+    assert trainer.poll() is None
+    time.sleep(STACKS_S + 0.2)
+    node.poll()  # killed now
+    assert trainer.wait(10) == -signal.SIGKILL
+    assert trainer.stderr is not None
+    assert re.search(r'Current thread 0x[0-9a-f]+ \(most recent call first\):\n  File "<string>", line \d+ in stuck\n',
+                     trainer.stderr.read().decode()), "no stacks"
 
 
 def seen(node: Node, *processes: subprocess.Popen[bytes]) -> None:
@@ -117,7 +144,7 @@ def test_a_trainer_that_dies_takes_its_workers_with_it_and_its_exit_is_news_at_o
 
 
 def test_a_trainer_that_does_not_leave_its_attempt_in_time_is_killed_and_the_node_says_why(node: Node) -> None:
-    trainer = trainer_process(node.plan)  # it never reads the notice
+    trainer = stuck_trainer(node.plan)  # it never reads the notice
     begun(node, trainer)
     node.leave("attempt 0 is over")
     notice = channel.read(Notice, Path(node.channel) / channel.NOTICE_FILE)
@@ -125,8 +152,8 @@ def test_a_trainer_that_does_not_leave_its_attempt_in_time_is_killed_and_the_nod
     node.poll()
     assert node.trainer.state == TrainerState.RUNNING  # within the stop grace (1 s)
     time.sleep(node.plan.watch.stop_grace + 0.2)
-    node.poll()  # killed now
-    trainer.wait()
+    node.poll()  # its stacks asked for
+    killed_after_its_stacks(node, trainer)
     node.poll()
     assert node.trainer.state == TrainerState.EXITED
     assert node.fallback == "its trainer did not leave its attempt within 1 s (attempt 0)"
@@ -138,29 +165,26 @@ def test_a_trainer_that_does_not_leave_its_attempt_in_time_is_killed_and_the_nod
 
 
 def test_a_trainer_that_ignores_its_stop_is_killed_after_the_grace_and_its_timeline_says_so(node: Node) -> None:
-    trainer = trainer_process(node.plan, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                                         "time.sleep(60)")
+    trainer = stuck_trainer(node.plan)
     begun(node, trainer)
-    seen(node, trainer)
-    time.sleep(0.5)  # its handler is in place
     node.stop("the job is over", signal.SIGTERM)
     node.poll()
     assert node.trainer.state == TrainerState.RUNNING and node.timeline().killed == ""  # type: ignore[union-attr]
     time.sleep(node.plan.watch.stop_grace + 0.2)
-    node.poll()  # killed now
-    assert trainer.wait(10) == -signal.SIGKILL
+    node.poll()  # its stacks asked for
+    killed_after_its_stacks(node, trainer)
     timeline = node.timeline()
     assert timeline is not None and timeline.killed == "its trainer did not stop within the 1 s stop grace: killed"
 
 
-def test_a_trainer_whose_rank_the_hub_names_hung_is_killed_at_once(node: Node) -> None:
-    trainer = trainer_process(node.plan)  # its main thread is stuck: it reads no notice, acts on no SIGTERM
+def test_a_trainer_whose_rank_the_hub_names_hung_is_killed_once_it_wrote_its_stacks(node: Node) -> None:
+    trainer = stuck_trainer(node.plan)  # its main thread is stuck: it reads no notice, acts on no SIGTERM
     begun(node, trainer)
     seen(node, trainer)
     record = new_record(node.plan, time.time())
     hung = Failure("n0", Kind.HUNG, "its rank 0 hung in data, 3 steps into its attempt", time.time())
     node.reconcile(dataclasses.replace(record, phase=Phase.STOPPING, first_failure=hung))
-    assert trainer.wait(10) == -signal.SIGKILL  # no stop grace
+    killed_after_its_stacks(node, trainer)  # no stop grace
     node.poll()
     assert node.trainer.state == TrainerState.EXITED and node.fallback == "its trainer hung (attempt 0)"
     assert node.timeline().killed == ""  # type: ignore[union-attr]

@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import heartbeat
+from trainer import engine, heartbeat
+from trainer.config import Config
+from trainer.distributed import DistContext
+from trainer.inplace import LeftAttempt
 from trainer.runtime import schema
 from trainer.runtime.contract import HEARTBEAT_DIR_ENV, WHERE_SUFFIX
-from trainer.runtime.watch.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, STARTING, Where
+from trainer.runtime.watch.messages import COLLECTIVE, COMPUTE, DATA, EVALUATE, STARTING, VALIDATE, Where
+
+ONE_PROCESS = DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
+                          device=torch.device("cpu"), backend="gloo", distributed=False, dist_url="")
 
 
 class Clock:
@@ -100,3 +106,53 @@ def test_a_models_gradients_mark_the_all_reduce_with_one_hook_however_often_it_i
     model(torch.ones(2, 3)).sum().backward()
     assert where().phase == heartbeat.GRADIENTS
     assert [len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()] == [1, 1, 1, 1]
+
+
+class Validated(torch.nn.Module):
+    """A model whose forward takes ``seconds`` of the test's clock and notes where the heartbeat says it is."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+        self.seen: list[tuple[str, float]] = []
+
+    def forward(self, video: torch.Tensor) -> torch.Tensor:
+        self.seen.append((where().phase, where().step_at))
+        self.clock.now += self.seconds
+        return torch.zeros(len(video), 2)
+
+
+def val_batches(count: int) -> list[dict[str, object]]:
+    return [{"video": torch.zeros(2, 3, 1, 4, 4, dtype=torch.uint8), "label": torch.zeros(2, dtype=torch.long),
+             "bad": [], "fallback": []} for _ in range(count)]
+
+
+def test_a_validating_rank_is_judged_by_its_batches_then_waits_in_the_sums(clock: Clock,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rank stuck in a validation batch (a loader worker that never answers) is named hung by the hub while its
+    # peers wait in the sums (trainer.runtime.job.verdict.hung), not left to the collective's timeout.
+    step(clock, 0.0, 1.0)
+    step(clock, 0.0, 1.0)
+    heartbeat.at(EVALUATE)
+    clock.now += 30  # the epoch's end before validation (gathers, precise BatchNorm): no step is due
+    entered = clock.now
+    summed: list[Where] = []
+    monkeypatch.setattr(engine, "all_reduce_sum", lambda tensor: summed.append(where()))
+    model = Validated(clock, 4.0)
+    scores = engine.evaluate(model, val_batches(3), ONE_PROCESS, Config())
+    # Each batch starts the stall clock again; the step count and the usual step time stay the training's.
+    assert model.seen == [(VALIDATE, entered), (VALIDATE, entered + 4), (VALIDATE, entered + 8)]
+    assert [(w.phase, w.step_at) for w in summed] == [(engine.METRICS, entered + 12)]
+    assert (where().phase, where().step, where().step_s) == (EVALUATE, 2, 1.0)
+    assert scores["count"] == 6
+
+
+def test_a_rank_told_its_attempt_is_over_while_validating_leaves_at_its_next_batch(clock: Clock) -> None:
+    model = Validated(clock, 1.0)
+
+    def told() -> None:  # trainer.train.leave_if_told, once the supervisor's word came during the first batch
+        raise LeftAttempt("the supervisor says attempt 0 is over")
+
+    with pytest.raises(LeftAttempt):
+        engine.evaluate(model, val_batches(5), ONE_PROCESS, Config(), each_batch=told)
+    assert len(model.seen) == 1

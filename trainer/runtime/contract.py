@@ -16,6 +16,7 @@ Where a job's files are on a node is trainer.runtime.layout's answer (that file 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Mapping
 
@@ -65,6 +66,13 @@ WEIGHTS_CACHE = "~/.cache/vidcluster/weights"  # without $VIDCLUSTER_WEIGHTS_CAC
 # -- exit statuses (trainer.errors raises them, trainer.runtime.job.verdict reads them) --------------------------------
 EXIT_REJECTED = 2  # the input is bad (config, data, weights): one `error:` line; a restart cannot fix it
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: asked to stop, every rank checkpointed at one step: start again to resume
+
+# -- stacks: a trainer about to be killed (hung, or it would not leave its attempt) writes every thread's stack into
+# its log first (trainer.heartbeat registers faulthandler for it; trainer.runtime.host.node sends it). SIGWINCH: its
+# default is to be ignored, so a process that has not registered (still importing, a spawned decoder helper) goes on
+# unharmed.
+STACKS_SIGNAL = signal.SIGWINCH
+STACKS_S = 1.0  # SIGKILL follows this long after it: faulthandler writes from its signal handler, in milliseconds
 
 # -- the run directory (the trainer writes it; the launcher collects from it) --------------------------------------
 STATUS_FILE = "status.json"  # rank 0's progress, polled by the node's supervisor

@@ -15,14 +15,16 @@ Without either, a new process. A trainer that does not park within the plan's st
 is killed, and the next attempt starts without it (the timeline's ``fallback`` says why, and the attempt's ``killed``).
 
 A trainer whose rank the hub names hung (trainer.runtime.job.verdict.hung: from the ranks' progress, ``ranks``, which
-each process's heartbeat carries) gets SIGKILL at once, as a frozen one: its main thread is stuck, so it can neither
-park nor stop. On nccl each trainer keeps PyTorch's flight recorder, which dumps into the attempt's folder of the job's
-``flight/`` on a collective's timeout or error (contract.nccl_env); the attempt's timeline lists the dumps.
+each process's heartbeat carries) gets SIGKILL, as a frozen one: its main thread is stuck, so it can neither park nor
+stop. Unlike a frozen one (stopped, it could write nothing) it is first asked for its threads' stacks
+(contract.STACKS_SIGNAL), as is a trainer that outlives its stop grace: where it was stuck is in its log. On nccl each
+trainer keeps PyTorch's flight recorder, which dumps into the attempt's folder of the job's ``flight/`` on a
+collective's timeout or error (contract.nccl_env); the attempt's timeline lists the dumps.
 
 Stopping: a trainer that is stopped because the job no longer wants it gets SIGTERM; one stopped for a user, a
 preemption or a straggler's swap (trainer.runtime.job.straggler) gets SIGUSR1 (the trainer then checkpoints at a step
 every rank agrees on and exits with status 75); a frozen or hung one gets SIGKILL. Whatever is left after the plan's
-stop grace gets SIGKILL, and the attempt's timeline says so (``killed``): never the normal path.
+stop grace gets SIGKILL (after its stacks), and the attempt's timeline says so (``killed``): never the normal path.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from trainer.runtime.contract import (
     IN_PLACE_ENV,
     JOB_DIR_ENV,
     PARENT_ENV,
+    STACKS_S,
+    STACKS_SIGNAL,
     STANDBY_ENV,
     TRAINER_ENV,
     flight_dump,
@@ -137,7 +141,7 @@ class Node:
         if (hung is not None and hung.kind == Kind.HUNG and hung.node == self.plan.node and self.running
                 and self.trainer.attempt == attempt):
             self._fell_back("its trainer hung")
-            self.stop(hung.reason, signal.SIGKILL)  # its main thread is stuck: it can neither park nor stop
+            self.stop(hung.reason, STACKS_SIGNAL)  # its main thread is stuck: it can neither park nor stop
         wanted = record.end is None and record.phase == Phase.RUNNING and rank is not None and not self.stop_asked
         self.job_over = record.end is not None
         state = self.trainer.state
@@ -252,12 +256,13 @@ class Node:
         self.leave_deadline = self.stop_deadline = None
 
     def stop(self, reason: str, sig: int) -> None:
-        """Stop the trainer: ``sig`` now, SIGKILL after the stop grace (SIGKILL now for a frozen trainer)."""
+        """Stop the trainer: ``sig`` now, SIGKILL after the stop grace; STACKS_SIGNAL (a hung trainer): SIGKILL once it
+        wrote its stacks; SIGKILL (a frozen one): now."""
         if not self.live or self.stop_deadline is not None:
             return
         self.say(f"stopping the trainer: {reason}")
-        grace = 0.0 if sig == signal.SIGKILL else self.plan.watch.stop_grace
-        self.stop_deadline, self.graceful = time.monotonic() + grace, grace > 0
+        grace = {signal.SIGKILL: 0.0, STACKS_SIGNAL: STACKS_S}.get(sig, self.plan.watch.stop_grace)
+        self.stop_deadline, self.graceful = time.monotonic() + grace, sig not in (signal.SIGKILL, STACKS_SIGNAL)
         self.leave_deadline = None
         procs.signal_all(self._trainer_processes(), sig)
 
@@ -302,6 +307,7 @@ class Node:
             if time.monotonic() >= self.stop_deadline:
                 if self.graceful:
                     self._killed_after_grace("stop")
+                    return
                 self._kill_trainer()
             return
         if self.running and self._parked():
@@ -315,8 +321,6 @@ class Node:
             self._fell_back(f"its trainer did not leave its attempt within {grace:.0f} s")
             self._killed_after_grace("leave its attempt")
             self.leave_deadline = None
-            self.stop_deadline = time.monotonic()
-            self._kill_trainer()
             return
         frozen = self.heartbeats.frozen()
         if frozen is not None and self.trouble is None and self.trainer.attempt is not None:
@@ -329,11 +333,14 @@ class Node:
             self.stop(reason, signal.SIGKILL)  # a frozen process cannot exit cleanly
 
     def _killed_after_grace(self, what: str) -> None:
-        """The trainer is killed because it did not ``what`` within the stop grace: on record (``killed``)."""
+        """The trainer is killed because it did not ``what`` within the stop grace: on record (``killed``). It is asked
+        for its stacks first, and SIGKILL follows STACKS_S later (``poll``)."""
         if not self.killed:
             self.killed = f"its trainer did not {what} within the {self.plan.watch.stop_grace:g} s stop grace: killed"
             self.say(self.killed)
         self.graceful = False
+        procs.signal_all(self._trainer_processes(), STACKS_SIGNAL)
+        self.stop_deadline = time.monotonic() + STACKS_S
 
     def _note_phases(self) -> None:
         """The phases every process of the attempt has reached, the accumulation they said and their last step before

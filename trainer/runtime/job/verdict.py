@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from trainer.runtime.contract import EXIT_PREEMPTED, EXIT_REJECTED
 from trainer.runtime.job.record import Failure, Kind
 from trainer.runtime.job.timing import Timings
-from trainer.runtime.watch.messages import CHECKPOINT, UNJUDGED, RankProgress
+from trainer.runtime.watch.messages import CHECKPOINT, UNJUDGED, VALIDATE, RankProgress
 
 # Kinds by tier: a failure of an earlier tier explains the later ones; within a tier, the earlier failure does.
 TIERS = ((Kind.REJECTED, Kind.STOPPED), (Kind.KILLED, Kind.FROZEN, Kind.HUNG, Kind.LOST), (Kind.PREEMPTED,),
@@ -88,7 +88,8 @@ def hung(ranks: Iterable[tuple[str, RankProgress]], timings: Timings, wall: floa
     stopped beating is not among ``ranks``: it is frozen, its node names it). Only when every rank waits (a collective
     that never ends: a fabric gone, a communicator wedged) is one of the waiters named: the last to enter it. Of
     several, the one furthest behind. A rank before its second step, or at its attempt's start or an epoch's end
-    (evaluating, as long as the validation set takes: UNJUDGED) is not judged."""
+    (UNJUDGED) is not judged; a validating one (VALIDATE) is, by its batches, each of which counts as a step: the
+    pass takes as long as the validation set does, a batch no longer than a step."""
     each = [(node, r) for node, r in ranks]
     judged = [(node, r) for node, r in each if r.step_s is not None and r.phase not in UNJUDGED]
     blocked = [(node, r) for node, r in judged if not r.waiting]
@@ -107,7 +108,8 @@ def hung(ranks: Iterable[tuple[str, RankProgress]], timings: Timings, wall: floa
     if not waiting:
         return None
     assert rank.step_s is not None
-    reason = (f"its rank {rank.rank} hung in {rank.phase}, {rank.step} steps into its attempt: no step for "
+    unit = "validation batch" if rank.phase == VALIDATE else "step"
+    reason = (f"its rank {rank.rank} hung in {rank.phase}, {rank.step} steps into its attempt: no {unit} for "
               f"{rank.stalled_s:.0f} s (its usual step: {rank.step_s:.2f} s), while rank(s) "
               f"{', '.join(map(str, waiting))} wait in a collective")
     return Failure(node, Kind.HUNG, reason, wall - rank.stalled_s)

@@ -75,6 +75,7 @@ IDLE = Trainer(attempt=None, state=TrainerState.IDLE, rank=None, pid=None, rc=No
 
 # Where a training process is in its step (``Where.phase``): a collective's phase is COLLECTIVE and its name.
 DATA, COMPUTE, CHECKPOINT, EVALUATE, STARTING = "data", "compute", "checkpoint", "evaluate", "starting"
+VALIDATE = "validate"  # in the validation pass: judged by its batches (trainer.heartbeat.validated), not its steps
 COLLECTIVE = "collective:"
 UNJUDGED = (STARTING, EVALUATE)  # no step is due in them: a rank there is never hung (trainer.runtime.job.verdict.hung)
 
@@ -85,9 +86,9 @@ class Where:
     (trainer.heartbeat): monotonic times of its node."""
 
     step: int  # optimizer steps it took in its attempt
-    phase: str  # DATA, COMPUTE, COLLECTIVE + a name, CHECKPOINT, EVALUATE (an epoch's end), STARTING
+    phase: str  # DATA, COMPUTE, COLLECTIVE + a name, CHECKPOINT, EVALUATE (an epoch's end), VALIDATE, STARTING
     since: float  # it entered the phase
-    step_at: float  # its last step (its attempt's start before the first)
+    step_at: float  # its last step (its attempt's start before the first; validating: its last batch)
     step_s: float | None  # its usual step time (None before its second step)
 
 
@@ -99,7 +100,7 @@ class RankProgress:
     step: int
     phase: str
     phase_s: float  # in its phase
-    stalled_s: float  # since its step last advanced
+    stalled_s: float  # since its step last advanced (validating: since its last batch)
     step_s: float | None
 
     @property
