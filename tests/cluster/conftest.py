@@ -135,6 +135,12 @@ class LocalCluster:
     def playbook(self, path: str | Path, *extra_args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run_playbook(path, *extra_args, inventory=self.inventory, check=check)
 
+    def playbook_in_background(self, path: str | Path, *extra_args: str) -> subprocess.Popen[str]:
+        """A play that runs while the test goes on (output_until, finish); stderr in its stdout."""
+        return subprocess.Popen([str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), str(path), *extra_args],
+                                cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+
     def ssh(self, node: Node, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a command on a node as the login user, over ssh from the controller with verified host keys."""
         cmd = ["ssh", "-i", str(self.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -291,6 +297,21 @@ def trainer_pid(job_id: str, node: str) -> int:
             if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) not in found:
                 return pid
     raise AssertionError(f"no trainer of {job_id} on {node}")
+
+
+def output_until(play: subprocess.Popen[str], text: str, seconds: float = 300) -> str:
+    """A running play's output up to where it said ``text`` (failing the test if the play ends first)."""
+    assert play.stdout is not None
+    deadline, lines = time.monotonic() + seconds, []
+    while time.monotonic() < deadline:
+        line = play.stdout.readline()
+        if not line:
+            pytest.fail(f"the play ended before saying {text!r}:\n{''.join(lines)[-4000:]}")
+        lines.append(line)
+        if text in flat("".join(lines[-20:])):  # a message may be wrapped over lines
+            return "".join(lines)
+    play.kill()
+    pytest.fail(f"the play did not say {text!r} in {seconds:.0f} s:\n{''.join(lines)[-4000:]}")
 
 
 def finish(play: subprocess.Popen[str], timeout: float = 420) -> str:

@@ -50,6 +50,7 @@ from tests.cluster.conftest import (
     flat,
     job_processes,
     node_job_dir,
+    output_until,
     playbook_env,
     stage_dataset,
 )
@@ -84,25 +85,7 @@ def launch(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.
 
 
 def launch_in_background(cluster: LocalCluster, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(cluster.inventory), "launch-training.yml", *LAUNCH_ARGS, *args],
-        cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def output_until(play: subprocess.Popen[str], text: str, seconds: float = 300) -> str:
-    """A running play's output up to where it said ``text`` (failing the test if the play ends first)."""
-    assert play.stdout is not None
-    deadline, lines = time.monotonic() + seconds, []
-    while time.monotonic() < deadline:
-        line = play.stdout.readline()
-        if not line:
-            pytest.fail(f"the play ended before saying {text!r}:\n{''.join(lines)[-4000:]}")
-        lines.append(line)
-        if text in flat("".join(lines[-20:])):  # a message may be wrapped over lines
-            return "".join(lines)
-    play.kill()
-    pytest.fail(f"the play did not say {text!r} in {seconds:.0f} s:\n{''.join(lines)[-4000:]}")
+    return cluster.playbook_in_background("launch-training.yml", *LAUNCH_ARGS, *args)
 
 
 def run_dir(cluster: LocalCluster, job: str) -> Path:
