@@ -55,16 +55,17 @@ def node(tmp_path: Path) -> Iterator[Node]:
     procs.end(plan.paths.job_dir, 0.0, first=signal.SIGKILL)
 
 
-def trainer_process(plan: NodePlan, code: str = WAIT) -> subprocess.Popen[bytes]:
-    """A process of the job's trainer (its environment says so), doing ``code``."""
-    return subprocess.Popen([sys.executable, "-c", code], env={**os.environ, JOB_DIR_ENV: plan.paths.job_dir,
-                                                               TRAINER_ENV: "0"})
+def trainer_process(plan: NodePlan, code: str = WAIT, piped: bool = False) -> subprocess.Popen[bytes]:
+    """A process of the job's trainer (its environment says so), doing ``code``; ``piped``: its stdout and stderr are
+    pipes."""
+    pipe = subprocess.PIPE if piped else None
+    return subprocess.Popen([sys.executable, "-c", code], stdout=pipe, stderr=pipe,
+                            env={**os.environ, JOB_DIR_ENV: plan.paths.job_dir, TRAINER_ENV: "0"})
 
 
 def stuck_trainer(plan: NodePlan) -> subprocess.Popen[bytes]:
     """A trainer process (STUCK) once it is ready; its stderr is a pipe."""
-    proc = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, JOB_DIR_ENV: plan.paths.job_dir, TRAINER_ENV: "0"})
+    proc = trainer_process(plan, STUCK, piped=True)
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
     return proc
 
