@@ -12,10 +12,10 @@ record gives it, stops it when the record says stopping, and reports at the runt
 
 Measured per size: bytes per report period both ways (the kernel's counts of the hub's sockets, ``ss -ti``), the
 hub process's CPU seconds per wall second, the time from a killed trainer (a stand-in reports its trainer died of
-SIGKILL) to the hub naming it, the time from a member's last report (it goes silent, its connection open) to the hub
-naming it lost, and the time from the hub's start of the next attempt until every member holds it. ``--before``: the
-stand-ins say they hold no record (version 0), so every report is answered with the whole record, as every report was
-before the hub answered ``unchanged`` (trainer.runtime.watch.messages).
+SIGKILL) to the hub naming it, the time from a member's last report (it goes silent: its following stops, as a hung
+node's does) to the hub naming it lost, and the time from the hub's start of the next attempt until every member holds
+it. ``--before``: the stand-ins say they hold no record (version 0), so every report is answered with the whole
+record, as every report was before the hub answered ``unchanged`` (trainer.runtime.watch.messages).
 """
 
 from __future__ import annotations
@@ -106,7 +106,6 @@ class StandIn:
         self.trainer: Trainer = IDLE
         self.timeline: NodeTimeline | None = None
         self.news = asyncio.Event()
-        self.silent = False
         self.learned: dict[int, float] = {}  # attempt -> wall time this member first held it
         self.reports = 0
         self.answers: Counter[Says] = Counter()
@@ -144,8 +143,6 @@ class StandIn:
         return False
 
     async def until_next_report(self) -> None:
-        if self.silent:
-            await asyncio.Event().wait()  # its connection stays open, nothing more is said (a hung node)
         await until_next_report(self.news, self.timings,
                                 waiting=not self.trainer.running and self.trainer.attempt is not None)
 
@@ -317,9 +314,13 @@ class Fleet:
     async def silence(self) -> float | None:
         """A member stops reporting (its connection open): seconds from its last report to the hub naming it lost
         (None: the hub named another member first: this process's stand-ins fell behind by the loss time)."""
-        quiet = self.standins[len(self.standins) // 3]
+        index = len(self.standins) // 3
+        quiet = self.standins[index]
         await self.until(lambda: all(s.trainer.running for s in self.standins), self.patience(), "every trainer to run")
-        quiet.silent = True
+        # Its whole following stops, as a hung node's: a member only paused would still answer the hub's pushes, and
+        # rejoin when its link's read timed out at the loss time, racing the hub's verdict. (Its link closes; the
+        # hub judges a member by what it hears, never by its connections.)
+        self.tasks[index].cancel()
         try:
             await self.until(lambda: self.hub_named(quiet.node), self.timings.loss + 60,
                              f"the hub to name {quiet.node} lost")
