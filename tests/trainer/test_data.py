@@ -3,7 +3,14 @@ loaders, bad-video handling and the dataset check."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.trainer.test_train import REPO, run_trainer
 from trainer.__main__ import main as trainer_cli
 from trainer.data import build_dataset, build_loader, check_dataset, write_annotations_from_tree
 from trainer.data.annotations import AnnotationError, read_annotations, read_class_index
@@ -312,6 +320,142 @@ def test_train_clips_depend_on_seed_epoch_index_not_on_workers(synthetic_dataset
     dataset = build_dataset(make_cfg(synthetic_dataset), "train")
     assert torch.equal(dataset[(3, 1)]["video"], dataset[(3, 1)]["video"])
     assert not torch.equal(dataset[(3, 1)]["video"], dataset[(3, 2)]["video"])
+
+
+# A training process with another thread holding a lock that its after-fork hook takes, as a native library's can
+# (found mid-run: a first validation's worker hung inside fork() for good, its rank holding the job in an all-reduce).
+HELD_LOCK_THEN_AN_EPOCH = """
+import json, os, sys, threading, time
+from tests.trainer.test_data import make_cfg
+from trainer.data import build_dataset, build_loader, loader_workers
+
+held, taken = threading.Lock(), threading.Event()
+
+def hold() -> None:
+    with held:
+        taken.set()
+        time.sleep(3600)
+
+threading.Thread(target=hold, daemon=True).start()
+taken.wait()
+os.register_at_fork(after_in_child=held.acquire)
+cfg = make_cfg(json.loads(sys.argv[1]), batch_size=2, NUM_WORKERS=2)
+with loader_workers():
+    print(sum(len(batch["label"]) for batch in build_loader(build_dataset(cfg, "val"), cfg, "val")))
+"""
+
+
+def test_workers_start_clear_of_the_locks_the_training_processs_other_threads_hold(
+    synthetic_dataset: dict[str, Any]
+) -> None:
+    """Loader workers start from a fork server, not from the training process: what its other threads held when a
+    worker started is not the worker's (forked from the training process, each worker here waits for the lock forever
+    and the epoch never loads)."""
+    run = subprocess.Popen([sys.executable, "-c", HELD_LOCK_THEN_AN_EPOCH, json.dumps(synthetic_dataset)], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = run.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)  # its stuck workers too
+        run.communicate()
+        pytest.fail("the validation epoch did not load within 120 s: a worker is stuck on a lock it inherited")
+    assert run.returncode == 0, err
+    assert int(out) == len(Path(synthetic_dataset["VAL_ANNO_PATH"]).read_text().splitlines())
+
+
+def family(root: int) -> list[int]:
+    """The live processes under ``root``: its children, theirs, and so on."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] != "Z":
+            children.setdefault(int(stat[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# A training process's stops, as its node's supervisor sends them: to every process of the trainer but itself (here the
+# whole family under it), twice; each pass's labels, then whether every one of those processes lived through them.
+STOPPED_BETWEEN_TWO_PASSES = """
+import json, os, signal, sys, time
+from tests.trainer.test_data import family, make_cfg
+from trainer.data import build_dataset, build_loader, loader_workers
+
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, lambda *_: None)  # the training process's own (a handler, which exec does not pass on)
+cfg = make_cfg(json.loads(sys.argv[1]), batch_size=2, NUM_WORKERS=2)
+with loader_workers():
+    loader = build_loader(build_dataset(cfg, "val"), cfg, "val")
+    passes = [[batch["label"].tolist() for batch in loader]]
+    others = family(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for pid in others:
+            os.kill(pid, sig)
+    time.sleep(1.0)
+    alive = sorted(family(os.getpid())) == sorted(others)
+    passes.append([batch["label"].tolist() for batch in loader])
+print(json.dumps({"others": len(others), "alive": alive, "passes": passes}))
+"""
+
+
+def test_the_jobs_stops_leave_the_workers_their_fork_server_and_its_resource_tracker_running(
+    synthetic_dataset: dict[str, Any]
+) -> None:
+    """SIGTERM and SIGUSR1 to every process under a training process (its two workers, their fork server,
+    multiprocessing's resource tracker) end none of them: the next pass is the same."""
+    out = run_trainer("-c", STOPPED_BETWEEN_TWO_PASSES, json.dumps(synthetic_dataset))
+    found = json.loads(out.stdout)
+    assert found["others"] >= 4 and found["alive"], found  # the server, the tracker, two workers (and their helpers)
+    assert found["passes"][0] == found["passes"][1] and found["passes"][0], found
+
+
+# A training process that read a pass, said which processes it has under it, and waits to be killed.
+A_PASS_THEN_WAIT = """
+import json, os, sys, time
+from tests.trainer.test_data import family, make_cfg
+from trainer.data import build_dataset, build_loader
+
+cfg = make_cfg(json.loads(sys.argv[1]), batch_size=2, NUM_WORKERS=2)
+loader = build_loader(build_dataset(cfg, "val"), cfg, "val")
+assert list(loader)
+print(json.dumps(family(os.getpid())), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_training_process_killed_outright_leaves_no_worker_behind(synthetic_dataset: dict[str, Any]) -> None:
+    """SIGKILL to a training process: the kernel kills its workers' fork server, the workers then see their parent
+    gone and end, and the resource tracker ends after them: nothing is left 20 s later (torch's status check is
+    every 5 s)."""
+    run = subprocess.Popen([sys.executable, "-c", A_PASS_THEN_WAIT, json.dumps(synthetic_dataset)], cwd=REPO,
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert run.stdout is not None
+    under = json.loads(run.stdout.readline())
+    try:
+        assert len(under) >= 4  # the server, the tracker, two workers
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 20
+        while any(map(alive, under)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in under if alive(pid)]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # what is left of its session (a pid alone may be another's by now)
 
 
 def test_two_ranks_evaluate_every_sample_exactly_once(

@@ -31,7 +31,7 @@ from tests.trainer.test_train import REPO, metrics, run_trainer, write_config
 from trainer import checkpoint
 from trainer.bad_videos import BadVideos
 from trainer.checkpoint import list_checkpoints
-from trainer.data import build_dataset, build_loader, check_dataset, timelimit, write_annotations_from_tree
+from trainer.data import build_dataset, check_dataset, timelimit, write_annotations_from_tree
 from trainer.data import decoders as decoders_module
 from trainer.data.decoders import BadVideo, ClipDecoder, DecodeTimeout
 from trainer.data.sampling import val_indices
@@ -149,22 +149,35 @@ def test_a_helper_stuck_before_it_is_ready_is_forked_again_and_its_start_is_not_
     assert decoder.time_limit is not None and decoder.time_limit.helper().pid != first and not alive(first)
 
 
+# Two passes of a validation loader with two workers: each batch's bad videos and its number of clips, per pass.
+TWO_PASSES = """
+import json, sys
+from tests.trainer.test_data import make_cfg
+from trainer.data import build_dataset, build_loader, loader_workers
+
+cfg = make_cfg(json.loads(sys.argv[1]), batch_size=2, NUM_WORKERS=2, DECODE_TIME_LIMIT=float(sys.argv[2]))
+with loader_workers():
+    loader = build_loader(build_dataset(cfg, "val"), cfg, "val")
+    print(json.dumps([[[batch["bad"], len(batch["label"])] for batch in loader] for _ in range(2)]))
+"""
+
+
 def test_dataloader_workers_share_what_ran_out_of_time(
     hanging: str, synthetic_dataset: dict[str, Any], tmp_path: Path
 ) -> None:
     """Two workers, two passes over a list with the hanging video: both passes name it with the same reason, and only
-    the first waits for it (the second pass, in whichever worker, knows it)."""
+    the first waits for it (the second pass, in whichever worker, knows it). The workers start from a fork server
+    (trainer.data.loader.worker_context): the loader runs in a process whose every interpreter reads with the hanging
+    decoder (hanging_env)."""
     videos = [hanging, *good_videos(synthetic_dataset, 5)]
     listing = write_list(tmp_path / "val.txt", [f"{path} 16 0" for path in videos])
-    cfg = make_cfg({**synthetic_dataset, "VAL_ANNO_PATH": str(listing)}, batch_size=2, NUM_WORKERS=2,
-                   DECODE_TIME_LIMIT=LIMIT)
-    loader = build_loader(build_dataset(cfg, "val"), cfg, "val")
-    for _ in range(2):
-        batches = list(loader)
-        assert [item for batch in batches for item in batch["bad"]] == [(hanging, "decoding took longer than 4 s")]
-        assert sum(len(batch["label"]) for batch in batches) == 5
+    data = {**synthetic_dataset, "VAL_ANNO_PATH": str(listing)}
+    out = run_trainer("-c", TWO_PASSES, json.dumps(data), str(LIMIT), **hanging_env(hanging, tmp_path / "entered.log"))
+    for batches in json.loads(out.stdout):
+        assert [tuple(item) for bad, _ in batches for item in bad] == [(hanging, "decoding took longer than 4 s")]
+        assert sum(clips for _, clips in batches) == 5
     assert entered(tmp_path / "entered.log") == 1
-    dataset = loader.dataset
+    dataset = build_dataset(make_cfg(data, DECODE_TIME_LIMIT=LIMIT), "val")
     dataset.skip_timed_out([(videos[1], "cannot open: no video stream")])  # only a timeout is skipped
     assert "bad" not in dataset[1]
 

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -315,6 +315,16 @@ def test_checkpoints_none_of_which_counts_are_named_in_the_error() -> None:
         choose_checkpoint([listing(M9), listing(M7)])
 
 
+class CountingDataset(VideoClipDataset):
+    """Counts every item it decodes in this process (a loader's workers, which unpickle it, count in theirs)."""
+
+    read: ClassVar[list[int]] = []
+
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        self.read.append(key[0])
+        return super().__getitem__(key)
+
+
 @pytest.mark.parametrize(("multigrid", "workers"), [(False, 0), (True, 2)], ids=["in-process", "multigrid-workers"])
 def test_a_resumed_pass_starts_at_its_batch_without_reading_the_ones_before(
     synthetic_dataset: dict[str, Any], multigrid: bool, workers: int
@@ -324,15 +334,10 @@ def test_a_resumed_pass_starts_at_its_batch_without_reading_the_ones_before(
                                                "SHORT_SIDE_SIZE": 32, "CLIP_LEN": 4, "NUM_WORKERS": workers},
                                       "TRAIN": {"BATCH_SIZE": 2, **cycles}}})
     plain = build_dataset(cfg, "train")
-    read: list[int] = []
-
-    class Counting(VideoClipDataset):
-        def __getitem__(self, key: Any) -> dict[str, Any]:
-            read.append(key[0])  # every item decoded
-            return super().__getitem__(key)
+    read = CountingDataset.read
 
     def loader_at_epoch_2() -> Any:
-        loader = build_loader(Counting(plain.records, "train", plain.spec, seed=plain.seed), cfg, "train", None)
+        loader = build_loader(CountingDataset(plain.records, "train", plain.spec, seed=plain.seed), cfg, "train", None)
         set_loader_epoch(loader, 2)
         return loader
 

@@ -12,9 +12,13 @@ the cost of shards that may differ in length by one.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import itertools
 import math
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import multiprocessing.util
 import random
 import signal
@@ -32,6 +36,7 @@ from trainer.config.section import ConfigError
 from trainer.data.dataset import Split, VideoClipDataset
 from trainer.data.multigrid import MultigridBatchSampler, MultigridSchedule
 from trainer.elastic import Recipe, epoch_order, rank_micro_batches
+from trainer.runtime.contract import STACKS_SIGNAL
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -178,12 +183,18 @@ def collate_clips(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
+# The job's stops go to every process of a trainer (trainer.runtime.host.node): they are the training process's to
+# act on. Its loader workers, their fork server and multiprocessing's resource tracker would die of them by default.
+STOPS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 def seed_worker(worker_id: int) -> None:
     """Seed numpy, random and torch in a worker from its torch seed (loader generator's base seed + id). A stop
     signal sent to the whole process group is the training process's to act on: the worker ignores it, and ends when
-    its process ends it (`end_workers`)."""
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    its process ends it (`end_workers`). STACKS_SIGNAL writes its stacks, as it does its training process's."""
+    for sig in STOPS:
         signal.signal(sig, signal.SIG_IGN)
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
@@ -229,6 +240,31 @@ def loader_workers() -> Iterator[None]:
 multiprocessing.util.Finalize(None, end_workers, exitpriority=100)
 
 
+WORKER_SERVER = "trainer.data.worker_server"  # the fork server's preload: the workers' modules, and its life
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """Where loader workers start from: a fork server, a process started afresh (fork, then exec) that forks each
+    worker. A worker forked from the training process itself would inherit every lock its other threads (heartbeat,
+    gloo, queue feeders, OpenMP) held at that instant, and could hang inside fork() for good: a rank whose first
+    validation's worker did so held the job in the metrics' all-reduce until the gloo timeout.
+
+    The server and multiprocessing's resource tracker start with the stops blocked (a signal mask outlives exec), so
+    a stop never ends them. The kernel kills the server when the thread that started it ends (trainer.data
+    .worker_server): loaders are built in a process's main thread. The tracker ends once the server and the workers
+    have."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([WORKER_SERVER])
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        multiprocessing.resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # the tracker unblocks SIGTERM on its way out (it ignores it)
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return context
+
+
 def _rank_and_world(ctx: DistContext | None) -> tuple[int, int]:
     if ctx is None or not ctx.distributed:
         return 0, 1
@@ -268,15 +304,11 @@ def build_loader(
         sampler = ShardSampler(len(dataset), rank, world)
         batching = {"sampler": sampler, "batch_size": cfg.CONFIG.VAL.BATCH_SIZE, "drop_last": False}
     workers = cfg.CONFIG.DATA.NUM_WORKERS
-    # Forked workers, whatever started this process: a training process the trainer spawned would otherwise start its
-    # loader workers the way it was started itself (multiprocessing passes its start method on), each a new
-    # interpreter that imports torch, seconds to start and seconds to end, where a fork takes milliseconds.
-    context = "fork" if workers > 0 and "fork" in multiprocessing.get_all_start_methods() else None
     loader = DataLoader(
         dataset,
         **batching,
         num_workers=workers,
-        multiprocessing_context=context,
+        multiprocessing_context=worker_context() if workers > 0 else None,
         collate_fn=collate_clips,
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed + rank),

@@ -240,6 +240,15 @@ def serve_spawned() -> NoReturn:
     _serve(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]))
 
 
+def die_with_parent(parent: int) -> None:
+    """From now on the kernel kills this process when ``parent`` (the thread of it that started this process) ends,
+    however it ends; this process ends now if it already has."""
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl
+            os._exit(0)
+
+
 def _become_helper(parent: int) -> None:
     # The parent's stop signals are its own (its DataLoader workers ignore them too); the helper ends with it.
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
@@ -252,10 +261,7 @@ def _become_helper(parent: int) -> None:
     for fd in (1, 2):
         os.dup2(quiet, fd)
     os.close(quiet)
-    if PRCTL is not None:  # killed by the kernel when the parent dies, even while a decoder hangs
-        PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before prctl
-            os._exit(0)
+    die_with_parent(parent)  # even while a decoder hangs
     # A forked process must not enter its parent's OpenMP thread pool (it hangs there): copies run in this thread.
     torch.set_num_threads(1)
 
