@@ -381,7 +381,9 @@ def family(root: int) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for a reaper that a container may not have); test_decode_limit's
+    ``alive`` counts a zombie as alive, for it asserts a kill and a reap."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
@@ -450,9 +452,9 @@ def test_a_training_process_killed_outright_leaves_no_worker_behind(synthetic_da
         run.kill()
         run.wait()
         deadline = time.monotonic() + 20
-        while any(map(alive, under)) and time.monotonic() < deadline:
+        while any(map(running, under)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [pid for pid in under if alive(pid)]
+        assert not [pid for pid in under if running(pid)]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)  # what is left of its session (a pid alone may be another's by now)
