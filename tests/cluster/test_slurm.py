@@ -233,6 +233,12 @@ def run_status(cluster: LocalCluster, job: str) -> dict:
         return {}
 
 
+def node_logs(cluster: LocalCluster, job: str) -> str:
+    """The last lines of every node's train.log of the job (what a failure's message shows)."""
+    return "\n".join(f"{log.parent.name}: ...{log.read_text()[-1500:]}"
+                     for log in sorted(job_dir(cluster, job).glob("*/train.log")))
+
+
 def wait_for_epoch(cluster: LocalCluster, job: str, epoch: int, play: subprocess.Popen[str] | None) -> None:
     deadline = time.monotonic() + 300
     while run_status(cluster, job).get("epoch", 0) < epoch:
@@ -513,8 +519,7 @@ def test_training_status_shows_the_queue_and_the_progress_and_stop_training_stop
     assert f"{job}: stopped; the job stopped: stopped: stopped by user: stop-training.yml" in stopped, stopped[-3000:]
     assert "gone without an end" not in stopped  # every node says the job stopped
     status = run_status(cluster, job)
-    log = job_dir(cluster, job) / "run" / "log.txt"
-    assert status["state"] == "preempted", (status, log.read_text()[-3000:] if log.exists() else "no log")
+    assert status["state"] == "preempted", (status.get("message"), node_logs(cluster, job))
     step = status["step"]
     checkpoints = job_dir(cluster, job) / "run" / "checkpoints"
     assert any(p.name.endswith(f"_step_{step:08d}.pth") for p in checkpoints.iterdir())  # at the agreed step

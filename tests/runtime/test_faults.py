@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.runtime.loopback import NET, WATCH, Job, loopback, wait_until
 from tests.runtime.standin import trained
 from trainer.runtime import layout
@@ -208,9 +210,13 @@ def test_the_hubs_node_lost_a_new_hub_waits_out_the_old_attempt_and_rank_0_moves
     exact(job, "n1", "n2")
 
 
-def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callable[..., Job]) -> None:
+@pytest.mark.parametrize("preempted", [("n0", "n1"), ("n1",)], ids=["every-node", "one-node"])
+def test_a_preemption_checkpoints_and_the_restart_loses_no_step(loopback: Callable[..., Job],
+                                                                preempted: tuple[str, ...]) -> None:
+    # Every node, or one: the other's trainer checkpoints at the same step (the agreement, and its supervisor's
+    # SIGUSR1: trainer.runtime.host.node.stop_signal; test_node tells the second apart).
     job = started(loopback, 2)
-    for name in job.names:  # what a scheduler or a cloud's spot notice sends: SIGTERM to the supervisor (its trainer,
+    for name in preempted:  # what a scheduler or a cloud's spot notice sends: SIGTERM to the supervisor (its trainer,
         os.kill(job.state(name).pid, signal.SIGTERM)  # in a session of its own, gets SIGUSR1 from it)
     record = job.ended()
     assert record.end is not None and record.end.state == EndState.FINISHED, job.logs()

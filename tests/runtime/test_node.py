@@ -191,6 +191,34 @@ def test_a_trainer_whose_rank_the_hub_names_hung_is_killed_once_it_wrote_its_sta
     assert node.timeline().killed == ""  # type: ignore[union-attr]
 
 
+# A trainer that says which stop signal it got (the real one checkpoints at a common step on either, with its peers).
+SAYS_ITS_SIGNAL = ("import signal, time\n"
+                   "for sig in (signal.SIGTERM, signal.SIGUSR1):\n"
+                   "    signal.signal(sig, lambda got, _: print(signal.Signals(got).name, flush=True))\n"
+                   "print('ready', flush=True)\n"
+                   "while True:\n    time.sleep(0.05)")
+
+
+@pytest.mark.parametrize(("kind", "told"), [(Kind.STOPPED, "SIGUSR1"), (Kind.PREEMPTED, "SIGUSR1"),
+                                             (Kind.SLOW, "SIGUSR1"), (Kind.LOST, None)])
+def test_an_attempt_stopped_for_a_checkpoint_elsewhere_checkpoints_here_too_and_a_failed_one_is_left(
+        node: Node, kind: Kind, told: str | None) -> None:
+    # n1's trainer checkpoints at a step every rank agrees on (a user's stop, a preemption, a straggler's swap): this
+    # node's trainer must be there to agree, not torn out of the attempt before it did. After a failure, it leaves.
+    trainer = trainer_process(node.plan, SAYS_ITS_SIGNAL, piped=True)
+    assert trainer.stdout is not None and trainer.stdout.readline() == b"ready\n"
+    begun(node, trainer)
+    seen(node, trainer)
+    stopping = dataclasses.replace(new_record(node.plan, time.time()), phase=Phase.STOPPING,
+                                   first_failure=Failure("n1", kind, "why", time.time()))
+    node.reconcile(stopping)
+    notice = channel.read(Notice, Path(node.channel) / channel.NOTICE_FILE)
+    if told is None:
+        assert notice == Notice(over=0, join=None) and node.stop_deadline is None
+    else:
+        assert notice is None and trainer.stdout.readline().decode().strip() == told
+
+
 def test_a_trainer_that_parks_is_parked_and_the_next_attempt_is_handed_to_it(node: Node) -> None:
     trainer = trainer_process(node.plan)
     begun(node, trainer)

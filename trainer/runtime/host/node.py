@@ -21,9 +21,10 @@ stop. Unlike a frozen one (stopped, it could write nothing) it is first asked fo
 trainer keeps PyTorch's flight recorder, which dumps into the attempt's folder of the job's ``flight/`` on a
 collective's timeout or error (contract.nccl_env); the attempt's timeline lists the dumps.
 
-Stopping: a trainer that is stopped because the job no longer wants it gets SIGTERM; one stopped for a user, a
-preemption or a straggler's swap (trainer.runtime.job.straggler) gets SIGUSR1 (the trainer then checkpoints at a step
-every rank agrees on and exits with status 75); a frozen or hung one gets SIGKILL. Whatever is left after the plan's
+Stopping: a trainer that is stopped because the job no longer wants it gets SIGTERM; one whose attempt stops for a
+user, a preemption or a straggler's swap (trainer.runtime.job.straggler), here or on any node of the attempt, gets
+SIGUSR1 (the trainer then checkpoints at a step every rank agrees on and exits with status 75); a frozen or hung one
+gets SIGKILL. Whatever is left after the plan's
 stop grace gets SIGKILL (after its stacks), and the attempt's timeline says so (``killed``): never the normal path.
 """
 
@@ -86,11 +87,17 @@ def attempt_told(attempt: int, record: JobRecord) -> dict[str, Any] | None:
     return told
 
 
+# Attempts that stop at a checkpoint of a step every rank agrees on (trainer.coordination): a straggler's swap, and a
+# user's stop or a preemption of any node. Every trainer must stay in the attempt to agree: one torn out of it first
+# (told to leave, as after a failure) fails the others' agreement, and the checkpoint is never written.
+CHECKPOINTED = (Kind.SLOW, Kind.STOPPED, Kind.PREEMPTED)
+
+
 def stop_signal(record: JobRecord) -> signal.Signals:
-    """How the record wants a trainer stopped: SIGUSR1 (a checkpoint at a common step first) when the hub stops the
-    attempt to swap a straggler, SIGTERM otherwise (the attempt failed: its peers are gone or going)."""
-    swap = record.end is None and record.first_failure is not None and record.first_failure.kind == Kind.SLOW
-    return signal.SIGUSR1 if swap else signal.SIGTERM
+    """How the record wants a trainer stopped: SIGUSR1 (a checkpoint at a common step first) when the attempt stops
+    for a checkpoint (CHECKPOINTED), SIGTERM otherwise (the attempt failed: its peers are gone or going)."""
+    checkpointed = record.first_failure is not None and record.first_failure.kind in CHECKPOINTED
+    return signal.SIGUSR1 if checkpointed else signal.SIGTERM
 
 
 class Node:
@@ -155,7 +162,7 @@ class Node:
         elif self.live and (not wanted or self.trainer.attempt != attempt):
             why = record.end.reason if record.end is not None else f"attempt {self.trainer.attempt} is over"
             if state == TrainerState.RUNNING and stop_signal(record) == signal.SIGUSR1:
-                self.stop(why, signal.SIGUSR1)  # a straggler's swap: every rank checkpoints at a common step first
+                self.stop(why, signal.SIGUSR1)  # every rank checkpoints at a common step first
             elif record.end is not None or self.stop_asked:
                 self.stop(why, signal.SIGTERM)
             elif state == TrainerState.RUNNING:
