@@ -144,6 +144,39 @@ def test_a_trainer_that_dies_takes_its_workers_with_it_and_its_exit_is_news_at_o
     assert node.fallback == "its trainer was killed by signal 9 (SIGKILL) (attempt 0)"
 
 
+# A trainer with two loader workers (trainer.data.loader: started from a fork server, their queues' locks named
+# semaphores in /dev/shm, which multiprocessing's resource tracker unlinks for a process that cannot); it prints their
+# names once its workers ran, then waits.
+WITH_WORKERS = """
+import gc, json, multiprocessing.synchronize, time
+from torch.utils.data import DataLoader
+from trainer.data.loader import seed_worker, worker_context
+
+loader = DataLoader(range(8), num_workers=2, multiprocessing_context=worker_context(), worker_init_fn=seed_worker,
+                    persistent_workers=True)
+assert list(loader)
+locks = [o for o in gc.get_objects() if isinstance(o, multiprocessing.synchronize.SemLock)]
+print(json.dumps([lock._semlock.name for lock in locks]), flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_trainer_killed_with_its_loader_workers_leaves_no_semaphore_behind(node: Node) -> None:
+    trainer = trainer_process(node.plan, WITH_WORKERS, piped=True)
+    assert trainer.stdout is not None
+    names = json.loads(trainer.stdout.readline())
+    files = [Path("/dev/shm") / f"sem.{name.lstrip('/')}" for name in names]
+    assert len(files) >= 6 and all(f.exists() for f in files), files  # two workers' queues and their done event
+    begun(node, trainer)
+    node.stop("its rank hung", signal.SIGKILL)  # every process of the trainer, but the tracker (procs.signal_all)
+    assert trainer.wait(10) == -signal.SIGKILL
+    deadline = time.monotonic() + 20  # its workers end at their next look at their parent (every 5 s)
+    while (left := procs.job_processes(node.plan.paths.job_dir, trainers_only=True)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [] and not [f for f in files if f.exists()], (left, files)
+
+
 def test_a_trainer_that_does_not_leave_its_attempt_in_time_is_killed_and_the_node_says_why(node: Node) -> None:
     trainer = stuck_trainer(node.plan)  # it never reads the notice
     begun(node, trainer)

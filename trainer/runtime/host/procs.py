@@ -49,8 +49,25 @@ def belongs(pid: int, job_dir: str) -> bool:
     return env is not None and f"{JOB_DIR_ENV}={job_dir}".encode() in env
 
 
+# Multiprocessing's resource tracker (a training process's, started for its loader workers: trainer.data.loader) is
+# never signalled. It ends by itself once every process that holds its pipe has (the training process, the workers'
+# fork server, the workers), and only then unlinks the named semaphores that a killed training process left in
+# /dev/shm: killed with them, it would leave them there for good.
+RESOURCE_TRACKER = b"from multiprocessing.resource_tracker import main"
+
+
+def _resource_tracker(pid: int) -> bool:
+    try:
+        return RESOURCE_TRACKER in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def signal_all(pids: list[int], sig: int) -> None:
+    """``sig`` to each of ``pids`` that is still there, but to a resource tracker (above)."""
     for pid in pids:
+        if _resource_tracker(pid):
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
