@@ -24,8 +24,8 @@ collective's timeout or error (contract.nccl_env); the attempt's timeline lists 
 Stopping: a trainer that is stopped because the job no longer wants it gets SIGTERM; one whose attempt stops for a
 user, a preemption or a straggler's swap (trainer.runtime.job.straggler), here or on any node of the attempt, gets
 SIGUSR1 (the trainer then checkpoints at a step every rank agrees on and exits with status 75); a frozen or hung one
-gets SIGKILL. Whatever is left after the plan's
-stop grace gets SIGKILL (after its stacks), and the attempt's timeline says so (``killed``): never the normal path.
+gets SIGKILL. Whatever is left after the plan's stop grace gets SIGKILL (after its stacks), and the attempt's timeline
+says so (``killed``): never the normal path.
 """
 
 from __future__ import annotations
