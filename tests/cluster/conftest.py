@@ -23,6 +23,9 @@ from types import ModuleType
 import pytest
 import yaml
 
+from trainer.runtime.contract import CHANNEL_ENV, TRAINER_ENV
+from trainer.runtime.host.channel import ProcState
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
 STATE_ROOT = REPO / ".local-cluster"
@@ -284,17 +287,24 @@ FAST_JOB_ARGS = (
 
 def trainer_pid(job_id: str, node: str) -> int:
     """The job's trainer process on the node: of the processes that carry its node's job folder and attempt (its
-    data loader workers and spawned workers inherit them), the one its supervisor started (whose parent is none of
-    them). Pids are no order: a loader worker may have a lower one than its trainer."""
-    found = []
+    data loader workers and spawned workers inherit them), one its supervisor started (whose parent is none of them)
+    and that says in its channel report that it trains. The other one its supervisor started is the standby, waiting
+    for the next attempt: pids are no order (they wrap), and a standby handed an attempt keeps the environment it
+    started with, so only its report tells them apart."""
+    found: dict[int, dict[str, str]] = {}  # pid -> its environment
     for pid in job_processes(job_id):
         with contextlib.suppress(OSError):
             environ = Path(f"/proc/{pid}/environ").read_bytes()
-            if f"/{job_id}/{node}\0".encode() in environ and b"VIDCLUSTER_TRAINER=" in environ:
-                found.append(pid)
-    for pid in found:
-        with contextlib.suppress(OSError):
-            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) not in found:
+            if f"/{job_id}/{node}\0".encode() in environ and f"{TRAINER_ENV}=".encode() in environ:
+                found[pid] = dict(var.split("=", 1) for var in environ.decode().split("\0") if "=" in var)
+    for pid, env in found.items():
+        with contextlib.suppress(OSError, ValueError):  # gone, or its report being written
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) in found:
+                continue
+            # Through /proc/<pid>/root: the path as the process sees it, in its node's mount namespace. The channel's
+            # own reader is not used: it trusts no file of another user (the nodes' login user), and this is root.
+            report = json.loads(Path(f"/proc/{pid}/root{env[CHANNEL_ENV]}/{pid}.json").read_text())
+            if report["state"] == ProcState.TRAINING:
                 return pid
     raise AssertionError(f"no trainer of {job_id} on {node}")
 

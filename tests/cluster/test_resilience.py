@@ -197,7 +197,7 @@ def test_with_restarts_off_a_kill_ends_the_job_saying_why(cluster: LocalCluster)
     wait_for_epoch(node0, job, 3, play)
     os.kill(trainer_pid(job, node1.name), signal.SIGKILL)
     out = finish(play)
-    assert play.returncode != 0
+    assert play.returncode != 0, out[-4000:]
     assert "node1 failed first: its trainer was killed by signal 9 (SIGKILL); restarts are off (max_restarts 0)" in (
         flat(out)), out[-4000:]
     ended = record(node0, job)
@@ -305,7 +305,7 @@ def test_a_data_error_at_epoch_2_ends_the_job_in_one_message_without_a_restart(c
             shutil.rmtree(data, ignore_errors=True)
             saved.rename(data)
         shutil.rmtree(bad, ignore_errors=True)
-    assert play.returncode != 0
+    assert play.returncode != 0, out[-4000:]
     assert "The job failed: node1 failed first: its trainer rejected its input (exit status 2" in flat(out), (
         out[-4000:])
     assert "a restart cannot fix a bad input" in flat(out) and "error: " in out  # the trainer's own line, shown
