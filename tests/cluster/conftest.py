@@ -298,7 +298,7 @@ def trainer_pid(job_id: str, node: str) -> int:
             if f"/{job_id}/{node}\0".encode() in environ and f"{TRAINER_ENV}=".encode() in environ:
                 found[pid] = dict(var.split("=", 1) for var in environ.decode().split("\0") if "=" in var)
     for pid, env in found.items():
-        with contextlib.suppress(OSError, ValueError):  # gone, or its report being written
+        with contextlib.suppress(OSError, KeyError):  # gone, or without a report (a standby writes one once imported)
             if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) in found:
                 continue
             # Through /proc/<pid>/root: the path as the process sees it, in its node's mount namespace. The channel's

@@ -167,7 +167,8 @@ def test_a_trainer_killed_with_its_loader_workers_leaves_no_semaphore_behind(nod
     assert trainer.stdout is not None
     names = json.loads(trainer.stdout.readline())
     files = [Path("/dev/shm") / f"sem.{name.lstrip('/')}" for name in names]
-    assert len(files) >= 6 and all(f.exists() for f in files), files  # two workers' queues and their done event
+    # The workers' index queues, the result queue and the done event.
+    assert len(files) >= 6 and all(f.exists() for f in files), files
     begun(node, trainer)
     node.stop("its rank hung", signal.SIGKILL)  # every process of the trainer, but the tracker (procs.signal_all)
     assert trainer.wait(10) == -signal.SIGKILL
