@@ -14,7 +14,11 @@ would, with its interpreter, model and data loaders kept (train.train_worker's l
 A rank may be told its attempt is over while it waits in a collective whose peer is gone, or on a live peer that
 left it, which nccl and gloo would wait in until DDP_CONFIG.TIMEOUT_SECONDS: a thread (``InPlace.abort_when_over``)
 aborts its groups LEAVE_S after the word (under gloo by shutting the group's connections: distributed.abort_groups),
-so the collective fails and the rank parks.
+so the collective fails and the rank parks. Gloo has one wait that nothing but its timeout ends: a send posted on a
+connection that has already failed (a rank thawed after its peers cut it off: gloo's tcp Pair::send does not look at
+the pair's state). A rank still in its attempt STUCK_S after the abort, without having caught what ended it
+(``InPlace.leaving``), ends with status 1 then, saying why: its supervisor starts the next attempt in its standby at
+once, instead of killing it after the stop grace.
 
 A standby (``standby_argv``) is a trainer process its supervisor starts ahead of need: it has imported what a trainer
 imports, and waits here until it is handed an attempt; then it trains it as a process started for it would.
@@ -56,6 +60,8 @@ log = logging.getLogger("trainer")
 
 POLL_S = 0.05  # a waiting process reads the notice this often
 LEAVE_S = 1.0  # a rank told its attempt is over leaves it at its next step; one still in it after this is stuck
+STUCK_S = 5.0  # after its groups were aborted, a rank's collective fails at once: one still in it then never leaves
+STUCK_EXIT = 1  # a restart may help (distributed.PeerError's status; this module imports no torch)
 
 
 class LeftAttempt(Exception):
@@ -148,6 +154,7 @@ class InPlace:
 
     def __init__(self, folder: str) -> None:
         self.notices = Notices(folder, lambda line: log.warning("%s", line))
+        self.left: int | None = None  # the last attempt whose work the main thread is out of (``leaving``)
 
     @classmethod
     def from_env(cls) -> InPlace | None:
@@ -166,23 +173,37 @@ class InPlace:
 
     def abort_when_over(self, abort: Callable[[], None]) -> None:
         """From now on, a thread calls ``abort`` (distributed.abort_groups) once this process's attempt has been over
-        for LEAVE_S and it still trains in it (see the module docstring)."""
+        for LEAVE_S and it still trains in it, and ends the process if it is still in it STUCK_S later (see the module
+        docstring)."""
         watch = InPlace(str(self.notices.path.parent))  # its own reading of the notice: the main thread has one
-        threading.Thread(target=watch._abort_when_over, args=(abort,), name="vidcluster-leave", daemon=True).start()
+        threading.Thread(target=watch._abort_when_over, args=(abort, self), name="vidcluster-leave",
+                         daemon=True).start()
 
-    def _abort_when_over(self, abort: Callable[[], None]) -> None:
+    def leaving(self) -> None:
+        """The main thread has caught what ended its attempt (or failed it): it is out of the attempt's collectives."""
+        self.left = PROCESS.attempt
+
+    def _abort_when_over(self, abort: Callable[[], None], main: InPlace) -> None:
         told: tuple[int, float] | None = None  # (attempt, when the word was read)
+        aborted: float | None = None  # when that attempt's groups were aborted
         while True:
             attempt = PROCESS.attempt
-            if PROCESS.state == ProcState.TRAINING and self.over(attempt):
+            if PROCESS.state == ProcState.TRAINING and main.left != attempt and self.over(attempt):
                 assert attempt is not None
+                now = time.monotonic()
                 if told is None or told[0] != attempt:
-                    told = (attempt, time.monotonic())
-                elif told[1] >= 0 and time.monotonic() - told[1] >= LEAVE_S:
+                    told, aborted = (attempt, now), None
+                elif aborted is None and now - told[1] >= LEAVE_S:
                     log.warning("attempt %d is over and this rank is still in it: aborting its process groups",
                                 attempt)
                     abort()
-                    told = (attempt, -1.0)  # once per attempt
+                    aborted = now
+                elif aborted is not None and now - aborted >= STUCK_S:
+                    log.error("attempt %d is over and this rank is still in it %.0f s after its process groups were "
+                              "aborted (a collective that only its timeout ends): ending this process so that its "
+                              "supervisor starts the next attempt in its standby", attempt, STUCK_S)
+                    logging.shutdown()
+                    os._exit(STUCK_EXIT)
             time.sleep(POLL_S)
 
     def next_attempt(self, attempt: int | None, stopped: Callable[[], bool]) -> Join:

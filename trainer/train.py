@@ -209,6 +209,8 @@ def train_worker(ctx: DistContext, cfg: Config) -> None:
             except Preempted:
                 raise  # the status says so already
             except BaseException as exc:
+                if place is not None:
+                    place.leaving()
                 if run is not None:
                     run.reporter.close("failed", f"{type(exc).__name__}: {first_line(exc)}")
                 if place is None or stop.requested or not (attempt_ended(exc) or place.over(PROCESS.attempt)):
@@ -472,8 +474,7 @@ def leave_if_told(run: Run) -> None:
 
 
 def log_samples(path: Path, step: int, epoch: int, ctx: DistContext, samples: list[int]) -> None:
-    """LOG.SAMPLE_LOG: a line of this rank's sample log, the dataset indices optimizer step ``step`` (1-based) of
-    ``epoch`` (0-based) trained here."""
+    """LOG.SAMPLE_LOG: this rank's line for step ``step`` (from 1) of ``epoch``: the dataset indices it trained."""
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"step": step, "epoch": epoch, "attempt": PROCESS.attempt, "rank": ctx.rank, "world": ctx.world_size,
               "samples": samples}
@@ -538,8 +539,7 @@ def stop_here(run: Run, epoch: int) -> NoReturn:
 
 
 def finish(run: Run) -> None:
-    """Wait for the last checkpoint, check every rank holds the same weights (written by rank 0), then close the run
-    as finished."""
+    """Wait for the last checkpoint, check every rank holds the same weights (rank 0 writes them); the run finished."""
     if run.writer is not None:
         run.writer.wait()
     digests = all_gather_object(weights_digest(run.raw_model))  # also: every copy is on disk before "finished"

@@ -237,6 +237,45 @@ def test_a_parked_survivor_is_not_handed_the_attempt_it_left_again(tmp_path: Pat
     assert taken.attempt == 2 and os.environ[TRAINER_ENV] == "2"
 
 
+# A process training attempt 0, told it is over: the leave watch aborts its groups (here: says so) LEAVE_S later. Its
+# main thread then either stays where it is (argv "stuck": a gloo send on a failed connection waits out the group's
+# timeout) or catches what ended its attempt ("leaves") and takes its time to park.
+TOLD_TO_LEAVE = """
+import os, sys, time
+from trainer import inplace
+from trainer.runtime.host import channel
+from trainer.runtime.host.channel import Notice
+inplace.STUCK_S = 1.0
+inplace.PROCESS.begin(0)
+folder = os.environ["VIDCLUSTER_TEST_CHANNEL"]
+place = inplace.InPlace(folder)
+place.abort_when_over(lambda: print("aborted", flush=True))
+channel.write(os.path.join(folder, channel.NOTICE_FILE), Notice(over=0, join=None))
+if sys.argv[1] == "leaves":
+    time.sleep(inplace.LEAVE_S + inplace.STUCK_S / 2)  # after the abort, before the watch would end it
+    place.leaving()
+time.sleep(inplace.LEAVE_S + 2 * inplace.STUCK_S)
+print("parked", flush=True)
+"""
+
+
+@pytest.mark.parametrize("main_thread", ["stuck", "leaves"])
+def test_a_rank_still_in_its_attempt_after_the_abort_ends_itself_and_one_that_left_parks(
+        tmp_path: Path, main_thread: str) -> None:
+    folder = channel.make_folder(tmp_path / "channel")
+    env = {k: v for k, v in os.environ.items() if k not in (CHANNEL_ENV, TRAINER_ENV)}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", TOLD_TO_LEAVE, main_thread], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env={**env, "VIDCLUSTER_TEST_CHANNEL": str(folder)})
+    took = time.monotonic() - began
+    assert done.stdout.split() == (["aborted"] if main_thread == "stuck" else ["aborted", "parked"]), done
+    if main_thread == "stuck":
+        assert done.returncode == inplace.STUCK_EXIT and took < 30, (took, done)
+        assert "still in it 1 s after its process groups were aborted" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 0 and "ending this process" not in done.stderr, done
+
+
 # Two ranks form a group; rank 1 dies after the first all-reduce; rank 0's next collective fails (gloo: at once; nccl:
 # when the restart-in-place watch's abort (another thread, as InPlace.abort_when_over) ends it), rank 0 parks as a
 # parked trainer does (abort_groups) and forms a group again, alone. It prints how long each part took.
