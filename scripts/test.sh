@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need, then runs lint and the suite's main lane (under 20 minutes here).
+# The test command: installs what the tests need, then runs lint and the suite's main lane (about 16 minutes here).
 #   bash scripts/test.sh            # the main lane: everything but the slow scenarios
 #   bash scripts/test.sh --slow     # the slow lane: whole jobs on clusters of their own, and their failures (.ci/run runs
 #                                   # it after the main lane)
