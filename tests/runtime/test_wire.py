@@ -129,3 +129,22 @@ def test_a_key_holder_whose_nonce_is_not_a_fresh_ones_form_is_refused(nonce: Any
 def test_a_line_longer_than_the_limit_is_refused_without_keeping_it() -> None:
     heard, how = asyncio.run(_exchange(KEY, b"x" * (wire.MAX_LINE * 8) + b"\n"))
     assert heard == [] and f"a line longer than {wire.MAX_LINE} bytes" in how
+
+
+def test_a_read_cancelled_as_its_line_arrives_is_cancelled() -> None:
+    """A member's link is cancelled (its supervisor stops following the hub) just as the hub's answer arrives: the
+    cancel wins. (asyncio.wait_for on Python 3.11 returned the line instead, and the member went on reporting: the
+    watch bench's silent member, never named lost under load.)"""
+
+    async def cancel_as_the_line_arrives() -> str:
+        reader = asyncio.StreamReader()
+        read = asyncio.ensure_future(wire.read_line(reader, 5, 1000))
+        await asyncio.sleep(0.01)  # waiting in its readline
+        reader.feed_data(b"{}\n")
+        read.cancel()
+        try:
+            return f"read {await read!r}"
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    assert asyncio.run(cancel_as_the_line_arrives()) == "cancelled"

@@ -49,7 +49,8 @@ async def until_next_report(news: asyncio.Event, timings: Timings, waiting: bool
     stopped after an attempt started, or a rank's step stalled); ``news`` is cleared."""
     pause = timings.waiting_report if waiting else timings.report_every
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(news.wait(), pause)
+        async with asyncio.timeout(pause):
+            await news.wait()
     news.clear()
 
 

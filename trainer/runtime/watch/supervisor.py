@@ -113,7 +113,8 @@ class Supervisor:
                 self.wake.clear()
                 self.tick()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), TICK)
+                    async with asyncio.timeout(TICK):
+                        await self.wake.wait()
         finally:
             self.listener.close()
             self.node.kill_now()

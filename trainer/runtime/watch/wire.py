@@ -108,7 +108,8 @@ class Keyring:
 async def read_line(reader: asyncio.StreamReader, timeout: float, limit: int) -> bytes:
     """One line, at most ``limit`` (the reader's own limit) long, within ``timeout`` seconds."""
     try:
-        line = await asyncio.wait_for(reader.readline(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel (cpython#86296)
+            line = await reader.readline()
     except ValueError:  # asyncio's limit: the line is longer than the reader's limit; the rest was never kept
         raise WireError(f"a line longer than {limit} bytes") from None
     except TimeoutError:
@@ -168,8 +169,9 @@ async def connect(address: str, keyring: Keyring, first: dict[str, Any], timeout
         port_number = int(port)
     except ValueError:
         raise WireError(f"not an address: {address!r}") from None
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(
-        host.strip("[]"), port_number, limit=limit, local_addr=(source, 0) if source else None), timeout)
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection(host.strip("[]"), port_number, limit=limit,
+                                                       local_addr=(source, 0) if source else None)
     try:
         hello = decode(await read_line(reader, timeout, limit))
         peer = hello.get("hello") if isinstance(hello, dict) else None
