@@ -44,6 +44,7 @@ from trainer.heartbeat import restart_progress
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     CHANNEL_ENV,
+    EXIT_PEER_LOST,
     FLIGHT_DUMP_ENV,
     FLIGHT_ENV,
     IN_PLACE_ENV,
@@ -61,7 +62,6 @@ log = logging.getLogger("trainer")
 POLL_S = 0.05  # a waiting process reads the notice this often
 LEAVE_S = 1.0  # a rank told its attempt is over leaves it at its next step; one still in it after this is stuck
 STUCK_S = 5.0  # after its groups were aborted, a rank's collective fails at once: one still in it then never leaves
-STUCK_EXIT = 1  # a restart may help (distributed.PeerError's status; this module imports no torch)
 
 
 class LeftAttempt(Exception):
@@ -203,7 +203,7 @@ class InPlace:
                               "aborted (a collective that only its timeout ends): ending this process so that its "
                               "supervisor starts the next attempt in its standby", attempt, STUCK_S)
                     logging.shutdown()
-                    os._exit(STUCK_EXIT)
+                    os._exit(EXIT_PEER_LOST)
             time.sleep(POLL_S)
 
     def next_attempt(self, attempt: int | None, stopped: Callable[[], bool]) -> Join:

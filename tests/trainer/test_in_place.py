@@ -33,6 +33,7 @@ from trainer.inplace import InPlace
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     CHANNEL_ENV,
+    EXIT_PEER_LOST,
     IN_PLACE_ENV,
     NCCL_ERROR_HANDLING,
     NCCL_ERROR_HANDLING_ENV,
@@ -270,7 +271,7 @@ def test_a_rank_still_in_its_attempt_after_the_abort_ends_itself_and_one_that_le
     took = time.monotonic() - began
     assert done.stdout.split() == (["aborted"] if main_thread == "stuck" else ["aborted", "parked"]), done
     if main_thread == "stuck":
-        assert done.returncode == inplace.STUCK_EXIT and took < 30, (took, done)
+        assert done.returncode == EXIT_PEER_LOST and took < 30, (took, done)
         assert "still in it 1 s after its process groups were aborted" in done.stderr, done.stderr
     else:
         assert done.returncode == 0 and "ending this process" not in done.stderr, done

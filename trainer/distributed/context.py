@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.errors import UserError
+from trainer.runtime.contract import EXIT_PEER_LOST
 
 
 class DistributedError(UserError, RuntimeError):
@@ -17,7 +18,7 @@ class PeerError(DistributedError):
     """Peers did not meet, a peer went away, or a worker failed: one line, but not the input's fault, so not its exit
     status: a restart may help (exit status 1)."""
 
-    exit_status = 1
+    exit_status = EXIT_PEER_LOST
 
 
 @dataclass(frozen=True)

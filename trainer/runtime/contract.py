@@ -65,6 +65,7 @@ WEIGHTS_CACHE = "~/.cache/vidcluster/weights"  # without $VIDCLUSTER_WEIGHTS_CAC
 
 # -- exit statuses (trainer.errors raises them, trainer.runtime.job.verdict reads them) --------------------------------
 EXIT_REJECTED = 2  # the input is bad (config, data, weights): one `error:` line; a restart cannot fix it
+EXIT_PEER_LOST = 1  # its peers are gone, its group did not form, or it is stuck in an attempt over: a restart may help
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: asked to stop, every rank checkpointed at one step: start again to resume
 
 # -- stacks: a trainer about to be killed (hung, or it would not leave its attempt) writes every thread's stack into
