@@ -216,13 +216,24 @@ def link_names(cluster_name: str) -> list[str]:
             if re.fullmatch(rf"vcv-{cluster_name}-\d+|vcbr-{cluster_name}", link["ifname"])]
 
 
+def netns_pids(netns: str) -> list[int]:
+    """The processes of a network namespace: a test host's (none once it is gone)."""
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def signal_netns(netns: str, sig: signal.Signals) -> None:
+    """``sig`` to every process of the namespace: SIGKILL, its machine is gone; SIGSTOP, it hangs. A process that
+    ended between the listing and its signal (a play's ssh session) is passed over."""
+    for pid in netns_pids(netns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 def force_delete(cluster_name: str) -> None:
     """Last-resort cleanup by name, for when the playbook itself could not run."""
     for ns in netns_names(cluster_name):
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        signal_netns(ns, signal.SIGKILL)
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
     for link in link_names(cluster_name):
         subprocess.run(["ip", "link", "delete", link], capture_output=True)
@@ -386,11 +397,6 @@ def _move_to_cgroup(group: Path, pids: Iterable[int]) -> None:
             (group / "cgroup.procs").write_text(f"{pid}\n")
 
 
-def _netns_pids(node: Node) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=True).stdout
-    return [int(pid) for pid in out.split()]
-
-
 @contextlib.contextmanager
 def cpu_quota(node: Node, fraction: float) -> Iterator[Path]:
     """Every process of the test host (its sshd, and so every process a play or the job starts there later, and the
@@ -406,7 +412,7 @@ def cpu_quota(node: Node, fraction: float) -> Iterator[Path]:
         else:
             (group / "cpu.cfs_period_us").write_text(f"{_CPU_PERIOD_US}\n")
             (group / "cpu.cfs_quota_us").write_text(f"{quota}\n")
-        _move_to_cgroup(group, _netns_pids(node))
+        _move_to_cgroup(group, netns_pids(node.netns))
         yield group
     finally:
         # A process forked while a pass ran joins the group, and one that died stays in it until its parent reaps

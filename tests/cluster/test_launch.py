@@ -52,6 +52,7 @@ from tests.cluster.conftest import (
     node_job_dir,
     output_until,
     playbook_env,
+    signal_netns,
     stage_dataset,
 )
 from trainer.runtime import report
@@ -539,13 +540,6 @@ def test_a_tiny_videomae_trains_on_two_nodes_and_a_relaunch_resumes_it_exactly(c
     assert digests[0]["digests"][0] == digests[1]["digests"][0]
 
 
-def kill_machine(node: Node) -> None:
-    """SIGKILL to every process of the node's namespace: its machine is gone (its disk, the shared home, stays)."""
-    for pid in subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-
-
 def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from_memory(cluster: LocalCluster
                                                                                          ) -> None:
     """Three trainers, no spare, vidcluster_min_nodes=2: node2's machine goes (every process of its namespace
@@ -557,7 +551,7 @@ def test_a_node_lost_with_no_spare_leaves_the_world_and_the_survivors_go_on_from
                                 "-e", "vidcluster_min_nodes=2", *training(epochs))  # fmt: skip
     try:
         wait_for_epoch(cluster, job, 5, play)
-        kill_machine(cluster.nodes[2])
+        signal_netns(cluster.nodes[2].netns, signal.SIGKILL)  # its machine is gone (its disk, the shared home, stays)
         out = finish(play, timeout=600)
     finally:
         cluster.create(len(cluster.nodes), *CLUSTER_ARGS)  # node2's sshd back, for the scenarios after this one
@@ -602,7 +596,7 @@ def test_a_rebooted_node_comes_back_into_the_running_job_when_the_launch_is_run_
     lost = cluster.nodes[2]
     try:
         wait_for_epoch(cluster, job, 3)
-        kill_machine(lost)
+        signal_netns(lost.netns, signal.SIGKILL)
         deadline = time.monotonic() + 120
         while not JobRecord.read(node_state(cluster.nodes[0], job)["record"]).world_changes:
             assert time.monotonic() < deadline, "the world never shrank"
@@ -628,13 +622,6 @@ def test_a_rebooted_node_comes_back_into_the_running_job_when_the_launch_is_run_
     assert "from rank 0's memory" in node2_log, node2_log[-3000:]
 
 
-def freeze(node: Node, sig: signal.Signals) -> None:
-    """``sig`` (SIGSTOP, SIGCONT) to every process of the node's namespace: its machine hangs, or answers again."""
-    for pid in subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), sig)
-
-
 def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cluster: LocalCluster) -> None:
     """Three trainers, no spare, vidcluster_min_nodes=2: node2's machine hangs (every process of its namespace
     stopped: silent, as a machine cut off) and the world shrinks to node0 and node1; then node2 answers again: its
@@ -651,16 +638,16 @@ def test_a_lost_node_that_answers_again_rejoins_the_world_from_a_peers_memory(cl
     lost = cluster.nodes[2]
     try:
         wait_for_epoch(cluster, job, 5, play)
-        freeze(lost, signal.SIGSTOP)
+        signal_netns(lost.netns, signal.SIGSTOP)  # its machine hangs
         deadline = time.monotonic() + 120
         while not JobRecord.read(node_state(cluster.nodes[0], job)["record"]).world_changes:
             assert time.monotonic() < deadline and play.poll() is None, "the world never shrank"
             time.sleep(0.2)
         thawed = time.time()
-        freeze(lost, signal.SIGCONT)
+        signal_netns(lost.netns, signal.SIGCONT)
         out = finish(play, timeout=600)
     finally:
-        freeze(lost, signal.SIGCONT)
+        signal_netns(lost.netns, signal.SIGCONT)
     assert play.returncode == 0 and f"Job {job} finished" in flat(out), out[-4000:]
     rec = JobRecord.read(node_state(cluster.nodes[0], job)["record"])
     assert rec.assignment == {"node0": 0, "node1": 1, "node2": 2} and rec.restarts == 1, rec

@@ -43,6 +43,7 @@ from tests.cluster.conftest import (
     job_processes,
     node_job_dir,
     playbook_env,
+    signal_netns,
     stage_dataset,
     trainer_pid,
 )
@@ -215,9 +216,7 @@ def lose_node(cluster: LocalCluster, job: str, lost: Node) -> tuple[subprocess.P
     play = launch(cluster, job)
     try:
         wait_for_epoch(cluster.nodes[0], job, 5, play)
-        pids = subprocess.run(["ip", "netns", "pids", lost.netns], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            os.kill(int(pid), signal.SIGKILL)
+        signal_netns(lost.netns, signal.SIGKILL)
         return play, finish(play, timeout=600)
     finally:
         repair(cluster)

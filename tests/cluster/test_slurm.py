@@ -48,6 +48,7 @@ from tests.cluster.conftest import (
     netns_names,
     playbook_env,
     run_playbook,
+    signal_netns,
     trainer_pid,
 )
 from trainer.runtime.layout import STOP_REQUEST_FILE
@@ -285,9 +286,7 @@ def attempts(job: str) -> list[dict]:
 
 def lose(node: Node) -> None:
     """Every process of the node's namespace (its slurmd, sshd, supervisor and trainer): the machine is gone."""
-    for pid in subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
+    signal_netns(node.netns, signal.SIGKILL)
 
 
 def wait_until_slurm_gives_it_no_job(cluster: LocalCluster, node: Node) -> None:

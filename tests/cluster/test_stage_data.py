@@ -15,6 +15,7 @@ Run: .venv/bin/python -m pytest -n 0 tests/cluster/test_stage_data.py  (root; a 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -35,7 +36,16 @@ import yaml
 from ansible_collections.vidcluster.launcher.plugins.module_utils import stage as stage_layout
 from ansible_collections.vidcluster.launcher.plugins.plugin_utils.words import human
 
-from tests.cluster.conftest import REPO, VENV_BIN, LocalCluster, Node, changed_total, flat, playbook_env
+from tests.cluster.conftest import (
+    REPO,
+    VENV_BIN,
+    LocalCluster,
+    Node,
+    changed_total,
+    flat,
+    netns_pids,
+    playbook_env,
+)
 
 ROLE = REPO / "roles" / "stage_data"
 COPY_SCRIPT = Path(stage_layout.__file__)
@@ -222,10 +232,12 @@ def sent_by_controller(stdout: str) -> float:
 def in_node(node: Node, *command: str, check: bool = True) -> None:
     """Run a command in every mount namespace of the node: its sshd's, which its sessions share, and that of any
     session still open from an sshd an earlier test restarted (Ansible's persistent connections outlive it)."""
-    pids = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split()
-    namespaces = {os.readlink(f"/proc/{pid}/ns/mnt"): pid for pid in pids if os.path.exists(f"/proc/{pid}/ns/mnt")}
+    namespaces: dict[str, int] = {}
+    for pid in netns_pids(node.netns):
+        with contextlib.suppress(FileNotFoundError):  # it ended meanwhile
+            namespaces[os.readlink(f"/proc/{pid}/ns/mnt")] = pid
     for pid in namespaces.values():
-        subprocess.run(["nsenter", "-t", pid, "-m", *command], check=check, capture_output=True)
+        subprocess.run(["nsenter", "-t", str(pid), "-m", *command], check=check, capture_output=True)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ they are averaged over all ranks.
 
 Under torchrun, the worker whose RANK is $VCT_DIE_RANK dies (SIGKILL's status, no exception) after its first
 collective in the first attempt, and comes 3 s late to the group of every later attempt: its peers read the
-rendezvous store before it writes anything there.
+rendezvous store before it writes anything there. A UserError (a PeerError: a rendezvous that timed out) ends it
+as it ends the trainer: one line and its exit status.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 from trainer.config import Config, load_config, run_dir
 from trainer.distributed import DistContext, add_launcher_args, all_gather_object, all_reduce_sum, barrier, launch
 from trainer.distributed import broadcast_object as bcast
+from trainer.errors import report_user_errors
 from trainer.precise_bn import update_precise_bn
 
 # What torchrun exports to each worker, and launch() too, whichever way the worker started.
@@ -98,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.environ.get("RANK") == os.environ.get("VCT_DIE_RANK") and _attempt() > 0:
         time.sleep(3)
-    launch(record, load_config(args.config_file, args.opts), local_rank=args.local_rank)
+    report_user_errors(lambda: launch(record, load_config(args.config_file, args.opts), local_rank=args.local_rank))
 
 
 if __name__ == "__main__":

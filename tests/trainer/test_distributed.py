@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,6 @@ from trainer.config import Config, validate_config
 from trainer.distributed import (
     DistContext,
     DistributedError,
-    PeerError,
     add_launcher_args,
     all_gather_object,
     all_reduce_sum,
@@ -314,7 +314,7 @@ def test_failing_worker_fails_launch(tmp_path: Path) -> None:
     cfg = write_cfg(tmp_path, ddp_cfg(tmp_path, CPU_WORKERS=2))
     ((rc, err),) = finish([start([str(ENTRY), "--config-file", str(cfg)], VCT_FAIL_RANK="1")])
     assert rc == 1, err  # a crashed worker is not a bad input (2): a launcher may restart it
-    assert "PeerError: local worker 1" in err and "worker with rank 1 fails on purpose" in err
+    assert err.splitlines()[-1] == "error: local worker 1 failed: ValueError: worker with rank 1 fails on purpose", err
 
 
 def _unused(ctx: DistContext, cfg: Config) -> None:
@@ -323,7 +323,9 @@ def _unused(ctx: DistContext, cfg: Config) -> None:
 
 @pytest.mark.parametrize("node_rank", [0, 1], ids=["rank0-waits-for-peer", "rank1-finds-no-rank0"])
 def test_rendezvous_timeout_names_the_address(tmp_path: Path, node_rank: int) -> None:
-    # A world of two nodes where only this one starts (in this process: one worker per node, no spawn).
+    # A world of two nodes where only this one starts (one worker per node, no spawn). In a process of its own: a
+    # group that has not formed 5 s after its timeout ends its process (above), and a loaded test machine must not
+    # end the test's.
     port = free_port()
     data = ddp_cfg(
         tmp_path,
@@ -334,12 +336,11 @@ def test_rendezvous_timeout_names_the_address(tmp_path: Path, node_rank: int) ->
         CPU_WORKERS=1,
         TIMEOUT_SECONDS=2,
     )
-    started = time.monotonic()
-    with pytest.raises(PeerError, match=f"rendezvous tcp://127.0.0.1:{port} within 2s") as raised:
-        launch(_unused, validate_config(data))
-    assert raised.value.exit_status == 1  # peers that did not come are not a bad input: a restart may help
-    assert time.monotonic() - started < 2 + 6
-    assert not dist.is_initialized()
+    ((rc, err),) = finish([start([str(ENTRY), "--config-file", str(write_cfg(tmp_path, data))])], timeout=60)
+    assert rc == 1, err  # peers that did not come are not a bad input: a restart may help
+    assert re.fullmatch(rf"error: rank {node_rank} of 2: .*rendezvous tcp://127\.0\.0\.1:{port} within 2s.*",
+                        err.splitlines()[-1]), err
+    assert "Traceback" not in err and "did not form" not in err  # the timeout's own error, not the watch's
 
 
 def test_not_distributed_runs_in_this_process_without_collectives(tmp_path: Path) -> None:
