@@ -78,6 +78,11 @@ def at(phase: str) -> None:
         _PROGRESS.where = dataclasses.replace(where, phase=phase, since=now, step_at=step_at)
 
 
+def where() -> Where:
+    """Where this process is: what the training loop marked last."""
+    return _PROGRESS.where
+
+
 def stepped() -> None:
     """This process took an optimizer step; its usual step time follows, from its attempt's second step on (the
     first one warms up)."""

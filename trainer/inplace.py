@@ -18,7 +18,9 @@ so the collective fails and the rank parks. Gloo has one wait that nothing but i
 connection that has already failed (a rank thawed after its peers cut it off: gloo's tcp Pair::send does not look at
 the pair's state). A rank still in its attempt STUCK_S after the abort, without having caught what ended it
 (``InPlace.leaving``), ends with status 1 then, saying why: its supervisor starts the next attempt in its standby at
-once, instead of killing it after the stop grace.
+once, instead of killing it after the stop grace. A rank at work of its own (``OWN_WORK``: waiting for its loader's
+batch, writing its checkpoint) is not stuck, however long that takes: its next collective fails at once; the STUCK_S
+count starts when it leaves that work.
 
 A standby (``standby_argv``) is a trainer process its supervisor starts ahead of need: it has imported what a trainer
 imports, and waits here until it is handed an attempt; then it trains it as a process started for it would.
@@ -40,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.heartbeat import restart_progress
+from trainer import heartbeat
 from trainer.runtime.contract import (
     ATTEMPT_ENV,
     CHANNEL_ENV,
@@ -55,6 +57,7 @@ from trainer.runtime.contract import (
 )
 from trainer.runtime.host import channel
 from trainer.runtime.host.channel import ChannelError, Join, Notice, ProcState, Who
+from trainer.runtime.watch.messages import CHECKPOINT, DATA
 from trainer.timeline import PROCESS
 
 log = logging.getLogger("trainer")
@@ -62,6 +65,7 @@ log = logging.getLogger("trainer")
 POLL_S = 0.05  # a waiting process reads the notice this often
 LEAVE_S = 1.0  # a rank told its attempt is over leaves it at its next step; one still in it after this is stuck
 STUCK_S = 5.0  # after its groups were aborted, a rank's collective fails at once: one still in it then never leaves
+OWN_WORK = (DATA, CHECKPOINT)  # phases (trainer.heartbeat.at) that wait on no peer: a slow batch or disk is no hang
 
 
 class LeftAttempt(Exception):
@@ -129,7 +133,7 @@ def take(join: Join) -> None:
         os.environ[FLIGHT_DUMP_ENV] = dump = flight_dump(flight, join.attempt)
         Path(dump).parent.mkdir(parents=True, exist_ok=True)
     PROCESS.begin(join.attempt)
-    restart_progress()
+    heartbeat.restart_progress()
 
 
 def standby_argv(argv: list[str]) -> list[str]:
@@ -198,7 +202,7 @@ class InPlace:
                                 attempt)
                     abort()
                     aborted = now
-                elif aborted is not None and now - aborted >= STUCK_S:
+                elif aborted is not None and self._stuck(aborted, now):
                     log.error("attempt %d is over and this rank is still in it %.0f s after its process groups were "
                               "aborted (a collective that only its timeout ends): ending this process so that its "
                               "supervisor starts the next attempt in its standby", attempt, STUCK_S)
@@ -206,13 +210,20 @@ class InPlace:
                     os._exit(EXIT_PEER_LOST)
             time.sleep(POLL_S)
 
+    @staticmethod
+    def _stuck(aborted: float, now: float) -> bool:
+        """Whether the main thread has waited on its peers for STUCK_S since their groups were aborted at ``aborted``:
+        since then, or since it left its own work."""
+        place = heartbeat.where()
+        return place.phase not in OWN_WORK and now - max(aborted, place.since) >= STUCK_S
+
     def next_attempt(self, attempt: int | None, stopped: Callable[[], bool]) -> Join:
         """Parked (the caller tore its group down): wait for the supervisor to hand this process a later attempt."""
         PROCESS.set(ProcState.PARKED)
         # Its heartbeat goes on while it waits: from now on it says "starting", not where the attempt over left it
         # (a rank that went on from memory joined in the second its member reported that stale place as the new
         # attempt's, and the hub named it hung).
-        restart_progress()
+        heartbeat.restart_progress()
         floor = -1 if attempt is None else attempt
         join = self.notices.wait(lambda j: j.who == Who.SURVIVORS and j.attempt > floor, stopped)
         take(join)

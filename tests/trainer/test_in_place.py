@@ -238,16 +238,19 @@ def test_a_parked_survivor_is_not_handed_the_attempt_it_left_again(tmp_path: Pat
     assert taken.attempt == 2 and os.environ[TRAINER_ENV] == "2"
 
 
-# A process training attempt 0, told it is over: the leave watch aborts its groups (here: says so) LEAVE_S later. Its
-# main thread then either stays where it is (argv "stuck": a gloo send on a failed connection waits out the group's
-# timeout) or catches what ended its attempt ("leaves") and takes its time to park.
+# A process training attempt 0, in its step's gradient all-reduce, told it is over: the leave watch aborts its groups
+# (here: says so) LEAVE_S later. Its main thread then either stays where it is (argv "stuck": a gloo send on a failed
+# connection waits out the group's timeout), or catches what ended its attempt ("leaves") and takes its time to park,
+# or waits for its loader's next batch for longer than STUCK_S ("loads": a slow batch, no hang), then leaves.
 TOLD_TO_LEAVE = """
 import os, sys, time
-from trainer import inplace
+from trainer import heartbeat, inplace
 from trainer.runtime.host import channel
 from trainer.runtime.host.channel import Notice
+from trainer.runtime.watch.messages import DATA
 inplace.STUCK_S = 1.0
 inplace.PROCESS.begin(0)
+heartbeat.at(heartbeat.GRADIENTS)
 folder = os.environ["VIDCLUSTER_TEST_CHANNEL"]
 place = inplace.InPlace(folder)
 place.abort_when_over(lambda: print("aborted", flush=True))
@@ -255,12 +258,18 @@ channel.write(os.path.join(folder, channel.NOTICE_FILE), Notice(over=0, join=Non
 if sys.argv[1] == "leaves":
     time.sleep(inplace.LEAVE_S + inplace.STUCK_S / 2)  # after the abort, before the watch would end it
     place.leaving()
+if sys.argv[1] == "loads":
+    heartbeat.at(DATA)
+    time.sleep(inplace.LEAVE_S + 3 * inplace.STUCK_S)
+    heartbeat.at(heartbeat.GRADIENTS)  # its batch came: its step's all-reduce fails at once
+    time.sleep(inplace.STUCK_S / 2)
+    place.leaving()
 time.sleep(inplace.LEAVE_S + 2 * inplace.STUCK_S)
 print("parked", flush=True)
 """
 
 
-@pytest.mark.parametrize("main_thread", ["stuck", "leaves"])
+@pytest.mark.parametrize("main_thread", ["stuck", "leaves", "loads"])
 def test_a_rank_still_in_its_attempt_after_the_abort_ends_itself_and_one_that_left_parks(
         tmp_path: Path, main_thread: str) -> None:
     folder = channel.make_folder(tmp_path / "channel")
