@@ -20,7 +20,8 @@ the pair's state). A rank still in its attempt STUCK_S after the abort, without 
 (``InPlace.leaving``), ends with status 1 then, saying why: its supervisor starts the next attempt in its standby at
 once, instead of killing it after the stop grace. A rank at work of its own (``OWN_WORK``: waiting for its loader's
 batch, writing its checkpoint) is not stuck, however long that takes: its next collective fails at once; the STUCK_S
-count starts when it leaves that work.
+count starts when it leaves that work. (A checkpoint has collectives of its own: a rank wedged in one of those is
+left to its supervisor's stop grace, as every stuck rank was before; a large checkpoint's write is the commoner wait.)
 
 A standby (``standby_argv``) is a trainer process its supervisor starts ahead of need: it has imported what a trainer
 imports, and waits here until it is handed an attempt; then it trains it as a process started for it would.
