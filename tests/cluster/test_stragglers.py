@@ -45,11 +45,9 @@ from trainer.runtime.job.record import JobRecord, Kind
 
 pytestmark = pytest.mark.slow
 
-# Epochs of each job (12 steps each): the swap's job trains long enough after the swap for its pace to be measured at
-# any speed this machine gives it (6 to 20 steps a second): at 20, the steps before the window after the swap (12,
-# 16 s of them, up to 22 s at under 0.7 of that pace until it is named, 12) leave about 300 steps, 15 s, against
-# the 8 s the window needs; the other ends soon after its node is named (at most 320 of its 360 steps come before).
-SWAP_EPOCHS, REPORT_EPOCHS = 80, 30
+# Epochs of each job: the swap's job trains long enough after the swap for its pace to be measured at any speed this
+# machine gives it (6 to 20 steps a second); the other ends soon after its node is named.
+SWAP_EPOCHS, REPORT_EPOCHS = 120, 40
 SLOW_SHARE = 0.15  # of one CPU, for the slowed host; each trainer otherwise has most of a core of this machine's two
 THRESHOLD = 0.7  # a node is slow while its pace is below this
 WINDOW = 12  # seconds a node stays slow before it is named; its pace is measured over a quarter of it (3.3 s at least)
