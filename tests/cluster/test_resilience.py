@@ -54,7 +54,7 @@ pytestmark = pytest.mark.slow
 CONFIG = "i3d_cpu_test"
 # Epochs of every job: the last fault comes at epoch 8, and no job can train past a fault before it is healed (each
 # step waits for every rank), so the epochs after it are margin for the poll that sees epoch 8, not for the
-# healing; each epoch more is a second of every whole job here (2 steps, a validation, a checkpoint).
+# healing; each epoch more is about half a second of every whole job here (2 steps, a validation, a checkpoint).
 EPOCHS = 14
 LAUNCH_ARGS = (
     "-e", f"config={CONFIG}",
